@@ -1,0 +1,1 @@
+//! Handover mailbox (placeholder).

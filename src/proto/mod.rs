@@ -1,0 +1,3 @@
+//! Sans-IO protocol core.
+
+pub(crate) mod records;
