@@ -1,0 +1,902 @@
+//! Record batches (format v2, "magic 2"): split a partition's fetched `records` bytes into
+//! batches, verify and decompress them, and decode their records as zero-copy slices; plus the
+//! `read_committed` filter for aborted transactions. Sans-IO: bytes in, records out.
+//!
+//! It does not decide which records to hand out: records before the fetch position are the
+//! caller's to skip, and the position moves to [`BatchHeader::next_offset`] after every batch,
+//! whatever the batch held.
+//!
+//! # Zero-copy
+//!
+//! An uncompressed batch's keys, values and headers are [`Bytes`] slices of the fetched bytes:
+//! decoding allocates nothing per record beyond the caller's `Vec<Record>`. A compressed batch
+//! is decompressed into one new buffer, and its records are slices of that.
+//!
+//! # Hostile input
+//!
+//! Nothing here panics on any input. Lengths and counts are checked against the bytes that are
+//! there before anything is allocated or sliced; decompressed output is capped by
+//! [`DecodeLimits`].
+//!
+//! # References
+//!
+//! * Kafka protocol guide, "Record Batch": <https://kafka.apache.org/documentation/#recordbatch>
+//! * KIP-74 (a fetch may end with a partial batch), KIP-98 (transactions, control batches),
+//!   KIP-32 (`LogAppendTime`)
+//! * Java: `ByteBufferLogInputStream.nextBatch`, `DefaultRecordBatch`, `DefaultRecord.readFrom`,
+//!   `ControlRecordType`, `CompletedFetch` (aborted-transaction filtering)
+
+mod codec;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::iter::FusedIterator;
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::error::ProtocolViolation;
+use crate::types::{Record, TimestampType};
+
+/// `baseOffset` (i64) and `batchLength` (i32): the bytes before what `batchLength` counts.
+const LOG_OVERHEAD: usize = 12;
+/// The v2 batch header, from `baseOffset` to `recordCount`; the records follow.
+const BATCH_HEADER_LEN: usize = 61;
+/// The smallest `batchLength`: a header without records.
+const MIN_BATCH_LENGTH: i32 = (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32;
+/// Where the magic byte is, from the start of the batch.
+const MAGIC_OFFSET: usize = 16;
+/// Where the CRC-32C's coverage starts (the attributes), from the start of the batch.
+const CRC_START: usize = 21;
+/// The only batch format this module reads.
+const MAGIC_V2: i8 = 2;
+/// The smallest encoded record: length, attributes, timestamp delta, offset delta, key length,
+/// value length and header count, one byte each.
+const MIN_RECORD_LEN: usize = 7;
+/// Attribute bits 0–2: the compression codec.
+const CODEC_MASK: i16 = 0x07;
+/// Attribute bit 3: the timestamps are the broker's append time.
+const LOG_APPEND_TIME_FLAG: i16 = 1 << 3;
+/// Attribute bit 4: the batch belongs to a transaction.
+const TRANSACTIONAL_FLAG: i16 = 1 << 4;
+/// Attribute bit 5: the batch holds a control record (a transaction marker).
+const CONTROL_FLAG: i16 = 1 << 5;
+/// How large a control batch's decompressed payload may be; real ones hold one ~20-byte record.
+const CONTROL_BATCH_LIMIT: usize = 64 * 1024;
+
+/// A batch's compression codec (attribute bits 0–2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Compression {
+    /// Not compressed: records are slices of the fetched bytes.
+    None,
+    /// gzip (one or more members).
+    Gzip,
+    /// Snappy, in Java's xerial framing or raw.
+    Snappy,
+    /// LZ4, in the standard LZ4 frame format.
+    Lz4,
+    /// Zstandard.
+    Zstd,
+}
+
+impl Compression {
+    /// The codec for a batch's attributes, or `None` for an unknown codec id (5–7).
+    pub fn from_attributes(attributes: i16) -> Option<Self> {
+        match attributes & CODEC_MASK {
+            0 => Some(Self::None),
+            1 => Some(Self::Gzip),
+            2 => Some(Self::Snappy),
+            3 => Some(Self::Lz4),
+            4 => Some(Self::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// The fixed 61-byte header of a v2 record batch, as sent (all fields big-endian on the wire).
+///
+/// A header from [`BatchIter`] or [`RecordBatch::new`] has been checked: its magic is 2,
+/// `batch_length` covers at least the header, `last_offset_delta` is not negative, and
+/// [`next_offset`](Self::next_offset) does not overflow. The CRC is checked when the batch is
+/// decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchHeader {
+    /// The offset of the batch's first record (as written; compaction may have removed it).
+    pub base_offset: i64,
+    /// The batch's size in bytes after this field: the whole batch is `12 + batch_length`.
+    pub batch_length: i32,
+    /// The leader epoch when the batch was appended, or -1.
+    pub partition_leader_epoch: i32,
+    /// The format version; always 2 here.
+    pub magic: i8,
+    /// CRC-32C of everything from `attributes` to the end of the batch.
+    pub crc: u32,
+    /// Codec (bits 0–2), timestamp type (bit 3), transactional (bit 4), control (bit 5),
+    /// delete horizon (bit 6).
+    pub attributes: i16,
+    /// The last offset in the batch minus `base_offset`; kept when compaction removes records.
+    pub last_offset_delta: i32,
+    /// The first record's timestamp; record timestamps are deltas from it.
+    pub base_timestamp: i64,
+    /// The largest timestamp in the batch; every record's timestamp under `LogAppendTime`.
+    pub max_timestamp: i64,
+    /// The idempotent or transactional producer's id, or -1.
+    pub producer_id: i64,
+    /// The producer's epoch, or -1.
+    pub producer_epoch: i16,
+    /// The first record's sequence number, or -1.
+    pub base_sequence: i32,
+    /// How many records the batch holds, as written.
+    pub record_count: i32,
+}
+
+impl BatchHeader {
+    /// Reads the header at the start of `buf`, without checking it; `None` if `buf` is shorter
+    /// than a header.
+    fn read(buf: &[u8]) -> Option<Self> {
+        let mut r = BigEndian(buf);
+        Some(Self {
+            base_offset: i64::from_be_bytes(r.take()?),
+            batch_length: i32::from_be_bytes(r.take()?),
+            partition_leader_epoch: i32::from_be_bytes(r.take()?),
+            magic: i8::from_be_bytes(r.take()?),
+            crc: u32::from_be_bytes(r.take()?),
+            attributes: i16::from_be_bytes(r.take()?),
+            last_offset_delta: i32::from_be_bytes(r.take()?),
+            base_timestamp: i64::from_be_bytes(r.take()?),
+            max_timestamp: i64::from_be_bytes(r.take()?),
+            producer_id: i64::from_be_bytes(r.take()?),
+            producer_epoch: i16::from_be_bytes(r.take()?),
+            base_sequence: i32::from_be_bytes(r.take()?),
+            record_count: i32::from_be_bytes(r.take()?),
+        })
+    }
+
+    /// Checks what the splitter promises about a header: its offsets do not overflow.
+    fn check(&self) -> Result<(), ProtocolViolation> {
+        if self.last_offset_delta < 0 {
+            return Err(self.violation(format!(
+                "negative last offset delta {}",
+                self.last_offset_delta
+            )));
+        }
+        if self
+            .base_offset
+            .checked_add(i64::from(self.last_offset_delta))
+            .and_then(|last| last.checked_add(1))
+            .is_none()
+        {
+            return Err(self.violation(format!(
+                "base offset plus last offset delta {} overflows",
+                self.last_offset_delta
+            )));
+        }
+        Ok(())
+    }
+
+    /// The offset to fetch after this batch: `base_offset + last_offset_delta + 1`.
+    ///
+    /// Move the fetch position here after every batch, even one whose records were all skipped
+    /// or removed by compaction, or the same batch is fetched again forever.
+    pub fn next_offset(&self) -> i64 {
+        self.last_offset().saturating_add(1)
+    }
+
+    /// The offset of the batch's last record as written: `base_offset + last_offset_delta`.
+    pub fn last_offset(&self) -> i64 {
+        self.base_offset
+            .saturating_add(i64::from(self.last_offset_delta))
+    }
+
+    /// The batch's total size in bytes, `12 + batch_length`.
+    pub fn size(&self) -> usize {
+        usize::try_from(self.batch_length)
+            .unwrap_or(0)
+            .saturating_add(LOG_OVERHEAD)
+    }
+
+    /// The compression codec, or `None` for an unknown codec id.
+    pub fn compression(&self) -> Option<Compression> {
+        Compression::from_attributes(self.attributes)
+    }
+
+    /// Whether record timestamps were set by the producer or by the broker.
+    pub fn timestamp_type(&self) -> TimestampType {
+        if self.attributes & LOG_APPEND_TIME_FLAG != 0 {
+            TimestampType::LogAppendTime
+        } else {
+            TimestampType::CreateTime
+        }
+    }
+
+    /// True if the batch belongs to a transaction.
+    pub fn is_transactional(&self) -> bool {
+        self.attributes & TRANSACTIONAL_FLAG != 0
+    }
+
+    /// True if the batch holds a control record (a transaction marker), which is never handed
+    /// to the application.
+    pub fn is_control(&self) -> bool {
+        self.attributes & CONTROL_FLAG != 0
+    }
+
+    /// True if an idempotent or transactional producer wrote the batch.
+    pub fn has_producer_id(&self) -> bool {
+        self.producer_id >= 0
+    }
+
+    fn violation(&self, reason: String) -> ProtocolViolation {
+        ProtocolViolation::Batch {
+            base_offset: self.base_offset,
+            reason,
+        }
+    }
+}
+
+/// One complete record batch: its checked header and its bytes, a zero-copy slice of the
+/// fetched `records`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordBatch {
+    header: BatchHeader,
+    /// The whole batch, from `baseOffset` to its last byte.
+    bytes: Bytes,
+}
+
+impl RecordBatch {
+    /// Takes `bytes` as exactly one complete batch.
+    ///
+    /// # Errors
+    ///
+    /// [`ProtocolViolation::UnsupportedMagic`] for a format other than v2;
+    /// [`ProtocolViolation::Batch`] if `bytes` is not exactly one batch or its offsets overflow.
+    pub fn new(bytes: Bytes) -> Result<Self, ProtocolViolation> {
+        match next_batch_len(&bytes)? {
+            Some(len) if len == bytes.len() => Self::from_complete(bytes),
+            found => Err(ProtocolViolation::Batch {
+                base_offset: bytes
+                    .first_chunk::<8>()
+                    .map_or(-1, |b| i64::from_be_bytes(*b)),
+                reason: match found {
+                    Some(len) => format!("batch is {len} bytes but {} were given", bytes.len()),
+                    None => format!("{} bytes are not a complete batch", bytes.len()),
+                },
+            }),
+        }
+    }
+
+    /// `bytes` is one batch, as measured by [`next_batch_len`].
+    fn from_complete(bytes: Bytes) -> Result<Self, ProtocolViolation> {
+        let header = BatchHeader::read(&bytes).ok_or_else(|| ProtocolViolation::Batch {
+            base_offset: -1,
+            reason: format!("{} bytes are too short for a batch header", bytes.len()),
+        })?;
+        header.check()?;
+        Ok(Self { header, bytes })
+    }
+
+    /// The batch's header.
+    pub fn header(&self) -> &BatchHeader {
+        &self.header
+    }
+
+    /// The batch's bytes, header included.
+    pub fn as_bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The batch's bytes, header included.
+    pub fn into_bytes(self) -> Bytes {
+        self.bytes
+    }
+
+    /// Checks the CRC-32C over the attributes to the end of the batch.
+    ///
+    /// # Errors
+    ///
+    /// [`ProtocolViolation::Crc`] if it does not match the header's.
+    pub fn verify_crc(&self) -> Result<(), ProtocolViolation> {
+        let computed = crc32c::crc32c(self.bytes.get(CRC_START..).unwrap_or_default());
+        if computed == self.header.crc {
+            Ok(())
+        } else {
+            Err(ProtocolViolation::Crc {
+                base_offset: self.header.base_offset,
+                stored: self.header.crc,
+                computed,
+            })
+        }
+    }
+
+    /// The records payload after the header, compressed or not.
+    fn payload(&self) -> Bytes {
+        if self.bytes.len() > BATCH_HEADER_LEN {
+            self.bytes.slice(BATCH_HEADER_LEN..)
+        } else {
+            Bytes::new()
+        }
+    }
+
+    /// The records payload, decompressed (at most `limit` bytes) if the batch is compressed.
+    fn records_payload(&self, limit: usize) -> Result<Bytes, ProtocolViolation> {
+        let header = &self.header;
+        let codec = header.compression().ok_or_else(|| {
+            header.violation(format!(
+                "unknown compression codec {}",
+                header.attributes & CODEC_MASK
+            ))
+        })?;
+        codec::decompress(codec, self.payload(), limit).map_err(|e| match e {
+            codec::CodecError::Limit => ProtocolViolation::DecompressionLimit {
+                base_offset: header.base_offset,
+                limit,
+            },
+            codec::CodecError::Corrupt(why) => {
+                header.violation(format!("cannot decompress {codec:?} payload: {why}"))
+            }
+        })
+    }
+}
+
+/// Splits a partition's fetched `records` bytes into complete batches, as zero-copy slices.
+///
+/// A fetch response may end with a partial batch (the broker cuts the log at the size limit);
+/// the iterator stops before it and [`remaining_bytes`](Self::remaining_bytes) tells its size.
+/// If the first batch is already incomplete and nothing was yielded, the batch is larger than
+/// the fetch size: the caller must fetch more at once (Java reports `RecordTooLargeException`
+/// in that case).
+///
+/// After an error the iterator ends: the rest of the bytes cannot be trusted.
+#[derive(Clone, Debug)]
+pub struct BatchIter {
+    rest: Bytes,
+    done: bool,
+}
+
+impl BatchIter {
+    /// Iterates over the batches in a partition's `records` field.
+    pub fn new(records: Bytes) -> Self {
+        Self {
+            rest: records,
+            done: false,
+        }
+    }
+
+    /// The bytes not yet yielded. Once the iterator has returned `None`, this is the size of the
+    /// partial batch at the end that was ignored (0 if the bytes ended with a complete batch);
+    /// after an error, the bytes from the malformed batch on.
+    pub fn remaining_bytes(&self) -> usize {
+        self.rest.len()
+    }
+}
+
+impl Iterator for BatchIter {
+    type Item = Result<RecordBatch, ProtocolViolation>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let batch = match next_batch_len(&self.rest) {
+            Ok(Some(len)) => RecordBatch::from_complete(self.rest.split_to(len)),
+            Ok(None) => {
+                self.done = true;
+                return None;
+            }
+            Err(e) => Err(e),
+        };
+        if batch.is_err() {
+            self.done = true;
+        }
+        Some(batch)
+    }
+}
+
+impl FusedIterator for BatchIter {}
+
+/// The size of the complete batch at the start of `buf`, or `None` if `buf` is empty or ends
+/// within that batch. Like Java's `ByteBufferLogInputStream.nextBatch`, the length and the magic
+/// are checked as soon as they are there, even for a partial batch.
+fn next_batch_len(buf: &[u8]) -> Result<Option<usize>, ProtocolViolation> {
+    let mut r = BigEndian(buf);
+    let (Some(base_offset), Some(batch_length)) = (
+        r.take().map(i64::from_be_bytes),
+        r.take().map(i32::from_be_bytes),
+    ) else {
+        return Ok(None);
+    };
+    // The magic first: a v0/v1 message set may legitimately be shorter than a v2 header.
+    if let Some(&magic) = buf.get(MAGIC_OFFSET) {
+        let magic = i8::from_be_bytes([magic]);
+        if magic != MAGIC_V2 {
+            return Err(ProtocolViolation::UnsupportedMagic { base_offset, magic });
+        }
+    }
+    if batch_length < MIN_BATCH_LENGTH {
+        return Err(ProtocolViolation::Batch {
+            base_offset,
+            reason: format!(
+                "batch length {batch_length} is shorter than a batch header ({MIN_BATCH_LENGTH})"
+            ),
+        });
+    }
+    let len = usize::try_from(batch_length)
+        .ok()
+        .and_then(|l| l.checked_add(LOG_OVERHEAD))
+        .ok_or_else(|| ProtocolViolation::Batch {
+            base_offset,
+            reason: format!("batch length {batch_length} does not fit in memory"),
+        })?;
+    Ok((buf.len() >= len).then_some(len))
+}
+
+/// Limits on what decoding a batch may allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DecodeLimits {
+    /// The most bytes a compressed batch may inflate to. A consumer passes what is left of its
+    /// buffer budget; a batch over it fails with [`ProtocolViolation::DecompressionLimit`].
+    /// Uncompressed batches allocate nothing and are not limited.
+    pub max_decompressed_bytes: usize,
+}
+
+impl DecodeLimits {
+    /// The default for [`max_decompressed_bytes`](Self::max_decompressed_bytes): 64 MiB.
+    pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 64 * 1024 * 1024;
+
+    /// Limits with this cap on a batch's decompressed size.
+    pub const fn new(max_decompressed_bytes: usize) -> Self {
+        Self {
+            max_decompressed_bytes,
+        }
+    }
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        Self::new(Self::DEFAULT_MAX_DECOMPRESSED_BYTES)
+    }
+}
+
+/// Decodes every record of `batch` and appends them to `out`, in the batch's order.
+///
+/// Checks the CRC, decompresses if needed (at most `limits.max_decompressed_bytes`), and checks
+/// every record against the bytes that are there and the header's `record_count`. Keys, values
+/// and headers are slices of the fetched bytes (uncompressed) or of one decompressed buffer.
+/// Nothing is skipped: control records and records before the fetch position are appended too.
+/// A batch with `record_count == 0` yields nothing and is not decompressed (as in Java).
+///
+/// # Errors
+///
+/// [`ProtocolViolation::Crc`], [`ProtocolViolation::DecompressionLimit`], or
+/// [`ProtocolViolation::Batch`] saying which record was malformed and how. On error, `out` is
+/// left as it was.
+pub fn decode_batch(
+    batch: &RecordBatch,
+    limits: &DecodeLimits,
+    out: &mut Vec<Record>,
+) -> Result<(), ProtocolViolation> {
+    batch.verify_crc()?;
+    let header = &batch.header;
+    let count = usize::try_from(header.record_count)
+        .map_err(|_| header.violation(format!("negative record count {}", header.record_count)))?;
+    if count == 0 {
+        return Ok(());
+    }
+    let data = batch.records_payload(limits.max_decompressed_bytes)?;
+    let start = out.len();
+    let result = decode_records(header, &data, count, out);
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+/// Decodes exactly `count` records filling all of `data`.
+fn decode_records(
+    header: &BatchHeader,
+    data: &Bytes,
+    count: usize,
+    out: &mut Vec<Record>,
+) -> Result<(), ProtocolViolation> {
+    // A hostile count must not reserve more than the bytes could hold.
+    out.reserve(count.min(data.len() / MIN_RECORD_LEN));
+    let mut cursor = Cursor::new(data);
+    for i in 0..count {
+        let record = read_record(header, data, &mut cursor)
+            .map_err(|why| header.violation(format!("record {i} of {count}: {why}")))?;
+        out.push(record);
+    }
+    if cursor.remaining() != 0 {
+        return Err(header.violation(format!(
+            "{} bytes follow the last of {count} records",
+            cursor.remaining()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads one record at the cursor (Java `DefaultRecord.readFrom`).
+///
+/// `data` is the buffer the cursor reads, so its ranges slice it.
+fn read_record(
+    header: &BatchHeader,
+    data: &Bytes,
+    cursor: &mut Cursor<'_>,
+) -> Result<Record, String> {
+    let len = cursor.varint().ok_or("truncated length")?;
+    let body = usize::try_from(len)
+        .ok()
+        .and_then(|len| cursor.take(len))
+        .ok_or_else(|| {
+            format!(
+                "length {len} runs past the batch ({} bytes left)",
+                cursor.remaining()
+            )
+        })?;
+    let mut r = cursor.within(&body);
+    let _attributes = r.u8().ok_or("truncated attributes")?;
+    let timestamp_delta = r.varlong().ok_or("truncated timestamp delta")?;
+    let offset_delta = r.varint().ok_or("truncated offset delta")?;
+    let key = r.nullable_bytes("key")?;
+    let value = r.nullable_bytes("value")?;
+    let header_count = r.varint().ok_or("truncated header count")?;
+    let header_count =
+        u32::try_from(header_count).map_err(|_| format!("negative header count {header_count}"))?;
+    let headers_start = r.position();
+    for h in 0..header_count {
+        let key_len = r.varint().ok_or("truncated header key length")?;
+        if usize::try_from(key_len)
+            .ok()
+            .and_then(|len| r.take(len))
+            .is_none()
+        {
+            return Err(format!(
+                "header {h} key length {key_len} is negative or runs past the record"
+            ));
+        }
+        r.nullable_bytes("header value")?;
+    }
+    let headers_end = r.position();
+    if r.remaining() != 0 {
+        return Err(format!(
+            "{} bytes follow the fields of a {len}-byte record",
+            r.remaining()
+        ));
+    }
+
+    if offset_delta < 0 || offset_delta > header.last_offset_delta {
+        return Err(format!(
+            "offset delta {offset_delta} outside the batch's 0..={}",
+            header.last_offset_delta
+        ));
+    }
+    let offset = header
+        .base_offset
+        .checked_add(i64::from(offset_delta))
+        .ok_or("offset overflows")?;
+    let timestamp = match header.timestamp_type() {
+        TimestampType::LogAppendTime => header.max_timestamp,
+        TimestampType::CreateTime => header
+            .base_timestamp
+            .checked_add(timestamp_delta)
+            .ok_or_else(|| format!("timestamp delta {timestamp_delta} overflows"))?,
+    };
+    Ok(Record {
+        offset,
+        timestamp,
+        timestamp_type: header.timestamp_type(),
+        key: key.map(|k| data.slice(k)),
+        value: value.map(|v| data.slice(v)),
+        leader_epoch: header.partition_leader_epoch,
+        headers: slice(data, headers_start..headers_end),
+        header_count,
+    })
+}
+
+/// `data[range]` as a zero-copy slice, empty (and not sharing `data`) for an empty range.
+fn slice(data: &Bytes, range: Range<usize>) -> Bytes {
+    if range.is_empty() {
+        Bytes::new()
+    } else {
+        data.slice(range)
+    }
+}
+
+/// A record's headers, still encoded: the bytes from the first header's key length to the end
+/// of the last header's value. Decoding checked them; iteration still stops at the first
+/// malformed header instead of panicking.
+#[derive(Clone, Debug)]
+pub(crate) struct HeaderIter {
+    buf: Bytes,
+    pos: usize,
+    left: u32,
+}
+
+impl HeaderIter {
+    /// Iterates over `count` headers encoded in `buf`.
+    pub(crate) fn new(buf: Bytes, count: u32) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            left: count,
+        }
+    }
+
+    fn read(&mut self) -> Option<(Bytes, Option<Bytes>)> {
+        let mut r = Cursor::new(&self.buf);
+        r.pos = self.pos;
+        let key_len = usize::try_from(r.varint()?).ok()?;
+        let key = r.take(key_len)?;
+        let value = r.nullable_bytes("header value").ok()?;
+        self.pos = r.position();
+        Some((slice(&self.buf, key), value.map(|v| slice(&self.buf, v))))
+    }
+}
+
+impl Iterator for HeaderIter {
+    type Item = (Bytes, Option<Bytes>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        let header = self.read();
+        self.left = if header.is_some() { self.left - 1 } else { 0 };
+        header
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, usize::try_from(self.left).ok())
+    }
+}
+
+impl FusedIterator for HeaderIter {}
+
+/// The kind of a transaction marker: the key of a control batch's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ControlType {
+    /// The transaction was aborted: its records must not be read under `read_committed`.
+    Abort,
+    /// The transaction was committed.
+    Commit,
+}
+
+impl ControlType {
+    /// Parses a control record's key: `i16` version, `i16` type (0 abort, 1 commit). `None` for
+    /// a key too short, a negative version, or another type (KRaft's control records).
+    pub fn from_key(key: &[u8]) -> Option<Self> {
+        Self::parse(key).ok().flatten()
+    }
+
+    /// Like [`from_key`](Self::from_key), but a key Java rejects as corrupt is an error.
+    fn parse(key: &[u8]) -> Result<Option<Self>, String> {
+        let mut r = BigEndian(key);
+        let (Some(version), Some(kind)) = (
+            r.take().map(i16::from_be_bytes),
+            r.take().map(i16::from_be_bytes),
+        ) else {
+            return Err(format!(
+                "control record key of {} bytes is too short",
+                key.len()
+            ));
+        };
+        if version < 0 {
+            return Err(format!("control record key version {version}"));
+        }
+        Ok(match kind {
+            0 => Some(Self::Abort),
+            1 => Some(Self::Commit),
+            _ => None,
+        })
+    }
+}
+
+/// The transaction marker a control batch holds, from its first record's key (Java
+/// `ControlRecordType.parse`). `None` for a batch that is not a control batch, has no records,
+/// or holds a control record other than a transaction marker.
+///
+/// # Errors
+///
+/// For a control batch: [`ProtocolViolation::Crc`], or [`ProtocolViolation::Batch`] if its first
+/// record or key is malformed.
+pub fn control_type(batch: &RecordBatch) -> Result<Option<ControlType>, ProtocolViolation> {
+    let header = &batch.header;
+    if !header.is_control() || header.record_count <= 0 {
+        return Ok(None);
+    }
+    batch.verify_crc()?;
+    let data = batch.records_payload(CONTROL_BATCH_LIMIT)?;
+    read_record(header, &data, &mut Cursor::new(&data))
+        .and_then(|record| ControlType::parse(&record.key.unwrap_or_default()))
+        .map_err(|why| header.violation(format!("control record: {why}")))
+}
+
+/// What to do with a batch under `read_committed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BatchAction {
+    /// Hand its records out (from the fetch position on).
+    Deliver,
+    /// Skip it: it belongs to an aborted transaction.
+    SkipAborted,
+    /// Skip it: it is a transaction marker.
+    SkipControl,
+}
+
+/// The `read_committed` filter for one partition's fetched data: which batches belong to
+/// aborted transactions (Java `CompletedFetch`).
+///
+/// Built from the fetch response's `aborted_transactions`, then asked about every batch in
+/// order. With no aborted transactions it only skips control batches, which is also what
+/// `read_uncommitted` needs.
+#[derive(Clone, Debug, Default)]
+pub struct AbortedTransactions {
+    /// Aborted transactions not yet reached, as `(first_offset, producer_id)`, lowest first.
+    pending: BinaryHeap<Reverse<(i64, i64)>>,
+    /// Producers whose current transaction was aborted and whose abort marker is still ahead.
+    aborted: HashSet<i64>,
+}
+
+impl AbortedTransactions {
+    /// A filter for aborted transactions given as `(producer_id, first_offset)`, the fields of
+    /// the fetch response's `AbortedTransaction`.
+    pub fn new(aborted: impl IntoIterator<Item = (i64, i64)>) -> Self {
+        Self {
+            pending: aborted
+                .into_iter()
+                .map(|(producer_id, first_offset)| Reverse((first_offset, producer_id)))
+                .collect(),
+            aborted: HashSet::new(),
+        }
+    }
+
+    /// What to do with the next batch, given its control type (read only for control batches;
+    /// see [`control_type`]). Batches must be passed in offset order, each exactly once.
+    pub fn action(&mut self, header: &BatchHeader, control: Option<ControlType>) -> BatchAction {
+        if header.has_producer_id() {
+            let last_offset = header.last_offset();
+            while let Some(&Reverse((first_offset, producer_id))) = self.pending.peek() {
+                if first_offset > last_offset {
+                    break;
+                }
+                self.pending.pop();
+                self.aborted.insert(producer_id);
+            }
+            if header.is_control() && control == Some(ControlType::Abort) {
+                // The abort marker ends the producer's aborted transaction.
+                self.aborted.remove(&header.producer_id);
+            } else if header.is_transactional() && self.aborted.contains(&header.producer_id) {
+                return BatchAction::SkipAborted;
+            }
+        }
+        if header.is_control() {
+            BatchAction::SkipControl
+        } else {
+            BatchAction::Deliver
+        }
+    }
+
+    /// [`action`](Self::action) for a batch, reading its control type when it is needed.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`control_type`], for a malformed control batch.
+    pub fn classify(&mut self, batch: &RecordBatch) -> Result<BatchAction, ProtocolViolation> {
+        let header = &batch.header;
+        let control = if header.is_control() && header.has_producer_id() {
+            control_type(batch)?
+        } else {
+            None
+        };
+        Ok(self.action(header, control))
+    }
+}
+
+/// Big-endian fixed-size reads from the front of a slice.
+struct BigEndian<'a>(&'a [u8]);
+
+impl BigEndian<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (bytes, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*bytes)
+    }
+}
+
+/// A read position in a buffer, bounded by `end`; every read is checked and returns `None` past
+/// the end. Positions are absolute, so ranges slice the buffer directly.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    end: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            end: buf.len(),
+        }
+    }
+
+    /// A cursor over `range` of the same buffer.
+    fn within(&self, range: &Range<usize>) -> Self {
+        Self {
+            buf: self.buf,
+            pos: range.start,
+            end: range.end.min(self.buf.len()),
+        }
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+
+    fn remaining(&self) -> usize {
+        self.end.saturating_sub(self.pos)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        if self.pos >= self.end {
+            return None;
+        }
+        let b = *self.buf.get(self.pos)?;
+        self.pos += 1;
+        Some(b)
+    }
+
+    /// The next `len` bytes, as a range of the buffer.
+    fn take(&mut self, len: usize) -> Option<Range<usize>> {
+        if len > self.remaining() {
+            return None;
+        }
+        let start = self.pos;
+        self.pos += len;
+        Some(start..self.pos)
+    }
+
+    /// A zigzag varint of at most 5 bytes (Java `ByteUtils.readVarint`).
+    fn varint(&mut self) -> Option<i32> {
+        let mut raw: u32 = 0;
+        for shift in (0..35).step_by(7) {
+            let b = self.u8()?;
+            raw |= u32::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some((raw >> 1) as i32 ^ -((raw & 1) as i32));
+            }
+        }
+        None
+    }
+
+    /// A zigzag varlong of at most 10 bytes (Java `ByteUtils.readVarlong`).
+    fn varlong(&mut self) -> Option<i64> {
+        let mut raw: u64 = 0;
+        for shift in (0..70).step_by(7) {
+            let b = self.u8()?;
+            raw |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some((raw >> 1) as i64 ^ -((raw & 1) as i64));
+            }
+        }
+        None
+    }
+
+    /// A varint length and that many bytes; length -1 is null.
+    fn nullable_bytes(&mut self, what: &str) -> Result<Option<Range<usize>>, String> {
+        let len = self
+            .varint()
+            .ok_or_else(|| format!("truncated {what} length"))?;
+        if len == -1 {
+            return Ok(None);
+        }
+        usize::try_from(len)
+            .ok()
+            .and_then(|n| self.take(n))
+            .map(Some)
+            .ok_or_else(|| format!("{what} length {len} is negative or runs past the record"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,30 @@
+//! Record batches, for callers that fetch for themselves (benches, tools, other clients): split
+//! a partition's fetched `records` bytes into batches, verify and decompress them, and decode
+//! their records as zero-copy slices; and the `read_committed` filter for aborted transactions.
+//!
+//! The consumer uses the same code; it is re-exported here unchanged.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use kafka_source::records::{BatchIter, DecodeLimits, decode_batch};
+//!
+//! # fn main() -> Result<(), kafka_source::ProtocolViolation> {
+//! let records = Bytes::new(); // a partition's `records` from a FetchResponse
+//! let mut position = 0;
+//! let mut out = Vec::new();
+//! let mut batches = BatchIter::new(records);
+//! for batch in &mut batches {
+//!     let batch = batch?;
+//!     decode_batch(&batch, &DecodeLimits::default(), &mut out)?;
+//!     position = batch.header().next_offset();
+//! }
+//! // `batches.remaining_bytes()` is the size of a partial batch at the end, if any.
+//! # let _ = position;
+//! # Ok(())
+//! # }
+//! ```
+
+pub use crate::proto::records::{
+    AbortedTransactions, BatchAction, BatchHeader, BatchIter, Compression, ControlType,
+    DecodeLimits, RecordBatch, control_type, decode_batch,
+};
