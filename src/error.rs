@@ -83,8 +83,20 @@ pub enum ProtocolViolation {
         /// What was wrong.
         reason: String,
     },
+    /// A record batch is in a format other than v2 (magic 2), the only one this crate reads.
+    #[error(
+        "record batch at offset {base_offset}: unsupported magic {magic} (only v2 batches are supported)"
+    )]
+    UnsupportedMagic {
+        /// The batch's base offset.
+        base_offset: i64,
+        /// The magic byte found.
+        magic: i8,
+    },
     /// A record batch's CRC-32C did not match its contents.
-    #[error("record batch at offset {base_offset}: CRC mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    #[error(
+        "record batch at offset {base_offset}: CRC mismatch (stored {stored:#010x}, computed {computed:#010x})"
+    )]
     Crc {
         /// The batch's base offset.
         base_offset: i64,
@@ -94,7 +106,9 @@ pub enum ProtocolViolation {
         computed: u32,
     },
     /// A compressed batch inflated past the allowed size.
-    #[error("record batch at offset {base_offset}: decompressed size exceeds the limit of {limit} bytes")]
+    #[error(
+        "record batch at offset {base_offset}: decompressed size exceeds the limit of {limit} bytes"
+    )]
     DecompressionLimit {
         /// The batch's base offset.
         base_offset: i64,
@@ -178,7 +192,9 @@ pub enum Error {
         message: Option<String>,
     },
     /// The broker does not support a version of an API in our window.
-    #[error("broker {broker} supports {api:?} v{broker_min}..=v{broker_max}, we need v{our_min}..=v{our_max}")]
+    #[error(
+        "broker {broker} supports {api:?} v{broker_min}..=v{broker_max}, we need v{our_min}..=v{our_max}"
+    )]
     UnsupportedVersion {
         /// The broker.
         broker: BrokerRef,
@@ -258,7 +274,11 @@ impl Error {
         !self.is_retriable()
     }
 
-    pub(crate) fn broker(code: ResponseError, context: impl Into<String>, message: Option<String>) -> Self {
+    pub(crate) fn broker(
+        code: ResponseError,
+        context: impl Into<String>,
+        message: Option<String>,
+    ) -> Self {
         Self::Broker {
             code,
             context: context.into(),
@@ -296,7 +316,11 @@ impl Error {
                 api: *api,
                 violation: violation.clone(),
             },
-            Self::Decode { broker, api, source } => Self::Decode {
+            Self::Decode {
+                broker,
+                api,
+                source,
+            } => Self::Decode {
                 broker: broker.clone(),
                 api: *api,
                 source: anyhow::anyhow!("{source:#}"),

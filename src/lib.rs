@@ -1,14 +1,27 @@
 #![doc = include_str!("../README.md")]
-#![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod blocking;
+mod checkpoint;
 pub mod config;
+mod consumer;
 mod error;
-#[allow(unsafe_code)] // the crate's only unsafe code: the lock-free handover slot, see its module docs
-mod handover;
+// The crate's only unsafe code: the lock-free handover slot, see its module docs.
+#[allow(unsafe_code)]
+pub mod handover;
 mod net;
 pub(crate) mod proto;
+pub mod records;
+mod sync;
 mod types;
 
-pub use config::{ConsumerConfig, ConsumerConfigBuilder, IsolationLevel, OffsetReset};
+pub use checkpoint::{
+    CheckpointHandle, CommitOutcome, CommitOutcomes, CommitStats, Offsets, Outcome,
+    PartitionOffset, SOURCE_STATE_VERSION, SourceState,
+};
+pub use config::{
+    AssignmentStrategy, CommitMode, ConsumerConfig, ConsumerConfigBuilder, GroupProtocol,
+    IsolationLevel, OffsetReset,
+};
+pub use consumer::{Consumer, FetchStats};
 pub use error::{ApiContext, BrokerRef, ConfigError, Error, ProtocolViolation, Result};
 pub use types::{Batch, Record, StartPosition, TimestampType, TopicPartition};

@@ -1,1 +1,6 @@
-//! IO shell.
+//! The IO shell: sockets, tasks and timers. Protocol decisions live in `crate::proto`.
+
+pub(crate) mod backoff;
+pub(crate) mod connection;
+pub(crate) mod driver;
+pub(crate) mod pool;

@@ -1,0 +1,813 @@
+//! The consumer handle: assignment, positions, and the records handed to the application.
+//!
+//! [`Consumer`] talks to its network loop (a task it spawns) over channels. Fetched data
+//! arrives still encoded; `poll` checks and decodes it on the caller's side, one partition's
+//! fetched data at a time, so decompressed bytes exist only for the batch being handed out.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::checkpoint::{
+    CheckpointHandle, CheckpointShared, CommitOutcomes, CommitRequest, CommitStats, Offsets,
+    PartitionOffset, SOURCE_STATE_VERSION, SourceState,
+};
+use crate::config::{CommitMode, ConsumerConfig};
+use crate::error::{Error, Result};
+use crate::net::backoff::Backoff;
+use crate::net::connection::ConnOptions;
+use crate::net::driver::{Command, Committed, Delivery, Driver, DriverConfig, Shared};
+use crate::net::pool::Pool;
+use crate::proto::chunk;
+use crate::proto::commit::Committer;
+use crate::proto::fetch::{Chunk, FetchConfig, FetchState};
+use crate::types::{Batch, StartPosition, TopicPartition};
+
+#[derive(Debug)]
+struct Local {
+    generation: u64,
+    paused: bool,
+    /// The next offset after the last record handed out, once anything was.
+    handed: Option<i64>,
+    /// The leader epoch of the last record handed out (-1 if none yet).
+    leader_epoch: i32,
+}
+
+impl Local {
+    fn new(generation: u64, start: StartPosition) -> Self {
+        Self {
+            generation,
+            paused: false,
+            handed: match start {
+                StartPosition::Offset(o) => Some(o),
+                _ => None,
+            },
+            leader_epoch: -1,
+        }
+    }
+}
+
+/// A decoded chunk, not yet handed out.
+#[derive(Debug)]
+struct Decoded {
+    tp: TopicPartition,
+    generation: u64,
+    /// Records for the application, if any.
+    batch: Option<Batch>,
+    /// The position once this is handed out (`None`: unchanged).
+    next_offset: Option<i64>,
+    /// An error to hand out after the records.
+    error: Option<Error>,
+    /// Decompressed bytes held by `batch`.
+    decompressed: usize,
+}
+
+/// An async Kafka consumer of explicitly assigned partitions.
+///
+/// Create it inside a Tokio runtime; it spawns its network loop there. Records come out of
+/// [`poll`](Self::poll) (or the [`Stream`] implementation) one partition's batch at a time.
+/// Memory is bounded by `buffer.max.bytes`: the network loop stops fetching while that much
+/// fetched data waits to be polled.
+///
+/// ```no_run
+/// # async fn demo() -> kafka_source::Result<()> {
+/// use kafka_source::{Consumer, ConsumerConfig, StartPosition, TopicPartition};
+///
+/// let config = ConsumerConfig::builder()
+///     .bootstrap_servers(["127.0.0.1:9092"])
+///     .commit_mode(kafka_source::CommitMode::Disabled)
+///     .build()?;
+/// let mut consumer = Consumer::new(config)?;
+/// consumer.assign([(TopicPartition::new("events", 0), StartPosition::Earliest)]);
+/// let batch = consumer.poll().await?;
+/// for record in &batch.records {
+///     println!("{} {:?}", record.offset, record.value);
+/// }
+/// consumer.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Consumer {
+    config: Arc<ConsumerConfig>,
+    commands: mpsc::UnboundedSender<Command>,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    shared: Arc<Shared>,
+    partitions: HashMap<TopicPartition, Local>,
+    /// Chunks of paused partitions, kept for when they resume.
+    parked: Vec<Chunk>,
+    /// Decoded data taken off the channel by `snapshot_state`, handed out by the next polls.
+    ready: VecDeque<Decoded>,
+    ckpt: Arc<CheckpointShared>,
+    outcomes: Option<CommitOutcomes>,
+    last_periodic: Instant,
+    /// Errors found while decoding, handed out by the next polls.
+    pending_errors: Vec<Error>,
+    /// Decompressed bytes of the last batch handed out, counted against the budget until the
+    /// next poll.
+    held: usize,
+    next_generation: u64,
+    driver: Option<JoinHandle<()>>,
+    closed: bool,
+}
+
+impl Consumer {
+    /// Creates a consumer and spawns its network loop on the current Tokio runtime. Nothing is
+    /// fetched until partitions are assigned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when called outside a Tokio runtime.
+    pub fn new(config: ConsumerConfig) -> Result<Self> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::config(
+                "runtime",
+                "Consumer::new needs a Tokio runtime; use blocking::Consumer outside one",
+            )
+        })?;
+        let config = Arc::new(config);
+        let opts = ConnOptions {
+            client_id: StrBytes::from_string(config.client_id().to_owned()),
+            max_response_size: config.max_response_size(),
+            request_timeout: config.request_timeout(),
+            connect_timeout: config.connect_timeout(),
+        };
+        let pool = Arc::new(Pool::new(
+            config.bootstrap_servers().to_vec(),
+            opts,
+            Backoff {
+                base: config.reconnect_backoff(),
+                max: config.reconnect_backoff_max(),
+            },
+        ));
+        let fetch = FetchState::new(FetchConfig {
+            max_wait_ms: clamp_ms(config.fetch_max_wait()),
+            min_bytes: clamp_i32(config.fetch_min_bytes() as usize),
+            max_bytes: clamp_i32(config.fetch_max_bytes() as usize),
+            partition_max_bytes: clamp_i32(config.max_partition_fetch_bytes() as usize),
+            isolation: config.isolation_level(),
+            reset: config.auto_offset_reset(),
+            restore_reset: config.restore_out_of_range(),
+            retry_backoff: config.retry_backoff(),
+        });
+        let commits = config.commit_mode() != CommitMode::Disabled;
+        let group = config.group_id().map(str::to_owned);
+        let (outcome_tx, outcome_rx) = mpsc::channel(1024);
+        let ckpt = Arc::new(CheckpointShared::new(
+            commits && config.commit_mode() == CommitMode::OnCheckpoints,
+            config.max_pending_checkpoints(),
+            outcome_tx,
+        ));
+        let committer = match (&group, commits) {
+            (Some(g), true) => Some(Committer::new(
+                g,
+                config.commit_timeout(),
+                config.retry_backoff(),
+            )),
+            _ => None,
+        };
+        let shared = Arc::new(Shared::default());
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let driver = Driver::new(
+            DriverConfig {
+                budget: config.buffer_max_bytes(),
+                max_wait: config.fetch_max_wait(),
+                metadata_max_age: config.metadata_max_age(),
+                retry_backoff: config.retry_backoff(),
+                group,
+                close_timeout: config.close_timeout(),
+            },
+            pool,
+            Arc::clone(&shared),
+            fetch,
+            cmd_rx,
+            out_tx,
+            Arc::clone(&ckpt),
+            committer,
+        );
+        let driver = handle.spawn(driver.run());
+        Ok(Self {
+            config,
+            commands: cmd_tx,
+            deliveries: out_rx,
+            shared,
+            partitions: HashMap::new(),
+            parked: Vec::new(),
+            ready: VecDeque::new(),
+            ckpt,
+            outcomes: Some(CommitOutcomes { rx: outcome_rx }),
+            last_periodic: Instant::now(),
+            pending_errors: Vec::new(),
+            held: 0,
+            next_generation: 1,
+            driver: Some(driver),
+            closed: false,
+        })
+    }
+
+    /// The configuration this consumer runs with.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    fn generation(&mut self) -> u64 {
+        let g = self.next_generation;
+        self.next_generation += 1;
+        g
+    }
+
+    fn send(&self, cmd: Command) {
+        // A send fails only when the loop has ended; `poll` then reports `Closed`.
+        let _ = self.commands.send(cmd);
+    }
+
+    /// Replaces the assignment with these partitions, each read from its start position.
+    /// Partitions not listed stop being fetched; their buffered data is dropped.
+    pub fn assign(
+        &mut self,
+        partitions: impl IntoIterator<Item = (TopicPartition, StartPosition)>,
+    ) {
+        self.assign_inner(partitions, false);
+    }
+
+    /// Starts from a checkpoint: assigns exactly the partitions in `state`, each at its
+    /// checkpointed offset. Restored offsets always win over anything committed in Kafka. An
+    /// offset that is out of range follows `restore.offset.out.of.range` (an error by default),
+    /// not `auto.offset.reset`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a state of a version this crate does not read.
+    pub fn restore(&mut self, state: &SourceState) -> Result<()> {
+        if state.version != SOURCE_STATE_VERSION {
+            return Err(Error::config(
+                "source state",
+                format!(
+                    "version {} is not readable (this crate writes {SOURCE_STATE_VERSION})",
+                    state.version
+                ),
+            ));
+        }
+        let list: Vec<_> = state
+            .partitions
+            .iter()
+            .map(|p| {
+                (
+                    TopicPartition::new(p.topic.as_str(), p.partition),
+                    StartPosition::Offset(p.next_offset),
+                )
+            })
+            .collect();
+        self.assign_inner(list, true);
+        for p in &state.partitions {
+            if let Some(l) = self
+                .partitions
+                .get_mut(&TopicPartition::new(p.topic.as_str(), p.partition))
+            {
+                l.leader_epoch = p.leader_epoch;
+            }
+        }
+        Ok(())
+    }
+
+    fn assign_inner(
+        &mut self,
+        partitions: impl IntoIterator<Item = (TopicPartition, StartPosition)>,
+        restored: bool,
+    ) {
+        let mut list = Vec::new();
+        let mut next = HashMap::new();
+        for (tp, start) in partitions {
+            let generation = self.generation();
+            next.insert(tp.clone(), Local::new(generation, start));
+            list.push((tp, start, generation));
+        }
+        self.partitions = next;
+        self.drop_parked(|_| true);
+        self.drop_ready(|_| true);
+        self.send(Command::Assign(list, restored));
+    }
+
+    /// The assigned partitions.
+    pub fn assignment(&self) -> Vec<TopicPartition> {
+        let mut v: Vec<_> = self.partitions.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Moves a partition to a new start position. Data fetched from the old position is
+    /// dropped; the next batch of this partition starts at the new one. Also restarts a
+    /// partition stopped by an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotAssigned`] if the partition is not assigned.
+    pub fn seek(&mut self, tp: &TopicPartition, start: StartPosition) -> Result<()> {
+        let generation = self.generation();
+        let Some(local) = self.partitions.get_mut(tp) else {
+            return Err(Error::NotAssigned(tp.clone()));
+        };
+        *local = Local::new(generation, start);
+        let tp2 = tp.clone();
+        self.drop_parked(|c| c.tp == tp2);
+        self.drop_ready(|d| d.tp == *tp);
+        self.send(Command::Seek(tp.clone(), start, generation));
+        Ok(())
+    }
+
+    /// Stops handing out and fetching these partitions until [`resume`](Self::resume).
+    /// Data already fetched is kept.
+    pub fn pause(&mut self, partitions: &[TopicPartition]) {
+        self.set_paused(partitions, true);
+    }
+
+    /// Resumes partitions paused with [`pause`](Self::pause).
+    pub fn resume(&mut self, partitions: &[TopicPartition]) {
+        self.set_paused(partitions, false);
+    }
+
+    fn set_paused(&mut self, partitions: &[TopicPartition], paused: bool) {
+        let mut list = Vec::new();
+        for tp in partitions {
+            if let Some(l) = self.partitions.get_mut(tp) {
+                l.paused = paused;
+                list.push(tp.clone());
+            }
+        }
+        self.send(Command::Pause(list, paused));
+    }
+
+    /// The paused partitions.
+    pub fn paused(&self) -> Vec<TopicPartition> {
+        let mut v: Vec<_> = self
+            .partitions
+            .iter()
+            .filter(|(_, l)| l.paused)
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The offset of the next record `poll` will hand out for this partition. Before any
+    /// record was handed out this waits until the start position is resolved.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotAssigned`] if the partition is not assigned (or stopped by an error before
+    /// its start was known); [`Error::Closed`] if the consumer is closed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes no state.
+    pub async fn position(&mut self, tp: &TopicPartition) -> Result<i64> {
+        let Some(local) = self.partitions.get(tp) else {
+            return Err(Error::NotAssigned(tp.clone()));
+        };
+        if let Some(h) = local.handed {
+            return Ok(h);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::StartOffset(tp.clone(), tx));
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The next batch of records: the records of one partition from one fetch, in offset order.
+    ///
+    /// # Errors
+    ///
+    /// A partition-level error (an out-of-range offset under the `error` policy, corrupt data,
+    /// authorization) stops that partition and is returned once; the other partitions go on,
+    /// and [`seek`](Self::seek) restarts the failed one. [`Error::Closed`] after
+    /// [`close`](Self::close) or when the network loop ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped before it completes, no record is lost; the next
+    /// call returns it.
+    pub async fn poll(&mut self) -> Result<Batch> {
+        std::future::poll_fn(|cx| self.poll_batch(cx)).await
+    }
+
+    fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<Batch>> {
+        self.release_held();
+        self.maybe_commit_periodically();
+        loop {
+            if let Some(e) = self.pending_errors.pop() {
+                return Poll::Ready(Err(e));
+            }
+            if self.closed {
+                return Poll::Ready(Err(Error::Closed));
+            }
+            if let Some(d) = self.ready.pop_front() {
+                if let Some(r) = self.hand_out(d) {
+                    return Poll::Ready(r);
+                }
+                continue;
+            }
+            if let Some(i) = self.parked.iter().position(|c| !self.is_paused(&c.tp)) {
+                let chunk = self.parked.swap_remove(i);
+                let d = self.decode(chunk);
+                if let Some(r) = self.hand_out(d) {
+                    return Poll::Ready(r);
+                }
+                continue;
+            }
+            match self.deliveries.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => self.closed = true,
+                Poll::Ready(Some(delivery)) => {
+                    if let Some(d) = self.accept(delivery)
+                        && let Some(r) = self.hand_out(d)
+                    {
+                        return Poll::Ready(r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Turns a delivery from the network loop into something to hand out (or parks it).
+    fn accept(&mut self, delivery: Delivery) -> Option<Decoded> {
+        match delivery {
+            Delivery::Chunk(chunk) => {
+                if !self.is_current(&chunk.tp, chunk.generation) {
+                    self.release(chunk.records.len());
+                    return None;
+                }
+                if self.is_paused(&chunk.tp) {
+                    self.parked.push(chunk);
+                    return None;
+                }
+                Some(self.decode(chunk))
+            }
+            Delivery::Failed {
+                tp,
+                generation,
+                error,
+            } => Some(Decoded {
+                tp,
+                generation,
+                batch: None,
+                next_offset: None,
+                error: Some(error),
+                decompressed: 0,
+            }),
+            Delivery::Error(e) => {
+                self.pending_errors.push(e);
+                None
+            }
+        }
+    }
+
+    /// Hands a decoded chunk to the application: moves the position, returns the records (or
+    /// the error). `None` when there is nothing to return.
+    fn hand_out(&mut self, d: Decoded) -> Option<Result<Batch>> {
+        if !self.is_current(&d.tp, d.generation) {
+            self.release(d.decompressed);
+            return None;
+        }
+        self.held += d.decompressed;
+        let local = self.partitions.get_mut(&d.tp)?;
+        if let Some(next) = d.next_offset {
+            local.handed = Some(next);
+        }
+        if let Some(epoch) = d
+            .batch
+            .as_ref()
+            .and_then(|b| b.records.last())
+            .map(|r| r.leader_epoch)
+        {
+            local.leader_epoch = epoch;
+        }
+        match (d.batch, d.error) {
+            (Some(b), Some(e)) => {
+                self.pending_errors.push(e);
+                Some(Ok(b))
+            }
+            (Some(b), None) => Some(Ok(b)),
+            (None, Some(e)) => Some(Err(e)),
+            (None, None) => None,
+        }
+    }
+
+    /// Publishes handed-out positions every `auto.commit.interval.ms` in periodic mode.
+    fn maybe_commit_periodically(&mut self) {
+        let CommitMode::Periodic(interval) = self.config.commit_mode() else {
+            return;
+        };
+        if self.config.group_id().is_none() || self.last_periodic.elapsed() < interval {
+            return;
+        }
+        self.last_periodic = Instant::now();
+        let offsets = self.handed_offsets();
+        if !offsets.is_empty() {
+            self.ckpt.submit(CommitRequest {
+                checkpoint_id: None,
+                offsets: Arc::new(offsets),
+                created: Instant::now(),
+            });
+        }
+    }
+
+    fn handed_offsets(&self) -> Offsets {
+        self.partitions
+            .iter()
+            .filter_map(|(tp, l)| l.handed.map(|o| (tp.clone(), (o, l.leader_epoch))))
+            .collect()
+    }
+
+    fn is_current(&self, tp: &TopicPartition, generation: u64) -> bool {
+        self.partitions
+            .get(tp)
+            .is_some_and(|l| l.generation == generation)
+    }
+
+    fn is_paused(&self, tp: &TopicPartition) -> bool {
+        self.partitions.get(tp).is_some_and(|l| l.paused)
+    }
+
+    /// Decodes a chunk: what `poll` will hand out for it. Releases the chunk's bytes from the
+    /// budget and counts the decompressed ones instead.
+    fn decode(&mut self, chunk: Chunk) -> Decoded {
+        let raw_len = chunk.records.len();
+        let limit = self.config.buffer_max_bytes();
+        let decoded = chunk::decode_chunk(
+            chunk.records,
+            chunk.fetch_offset,
+            &chunk.aborted,
+            self.config.isolation_level(),
+            limit,
+        );
+        self.release(raw_len);
+        self.shared
+            .buffered
+            .fetch_add(decoded.decompressed_bytes, Ordering::AcqRel);
+        let (next_offset, error) = match decoded.error {
+            None => (chunk.next_offset, None),
+            Some((offset, violation)) => {
+                let generation = chunk.generation;
+                self.send(Command::Fail(chunk.tp.clone(), generation));
+                (
+                    offset,
+                    Some(Error::CorruptRecords {
+                        partition: chunk.tp.clone(),
+                        violation,
+                    }),
+                )
+            }
+        };
+        let batch = (!decoded.records.is_empty()).then(|| Batch {
+            partition: chunk.tp.clone(),
+            records: decoded.records,
+            next_offset,
+        });
+        Decoded {
+            tp: chunk.tp,
+            generation: chunk.generation,
+            batch,
+            next_offset: Some(next_offset),
+            error,
+            decompressed: decoded.decompressed_bytes,
+        }
+    }
+
+    fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.shared.buffered.fetch_sub(bytes, Ordering::AcqRel);
+            self.shared.budget_freed.notify_one();
+        }
+    }
+
+    fn release_held(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        self.release(held);
+    }
+
+    fn drop_ready(&mut self, which: impl Fn(&Decoded) -> bool) {
+        let mut freed = 0;
+        self.ready.retain(|d| {
+            let drop = which(d);
+            if drop {
+                freed += d.decompressed;
+            }
+            !drop
+        });
+        self.release(freed);
+    }
+
+    fn drop_parked(&mut self, which: impl Fn(&Chunk) -> bool) {
+        let mut freed = 0;
+        self.parked.retain(|c| {
+            let drop = which(c);
+            if drop {
+                freed += c.records.len();
+            }
+            !drop
+        });
+        self.release(freed);
+    }
+
+    /// The state to store in checkpoint `checkpoint_id`: for every assigned partition, the
+    /// offset after the last record handed to the application, never the fetch position.
+    /// The offsets are kept as pending until the checkpoint completes or aborts (see
+    /// [`CheckpointHandle`]).
+    ///
+    /// Data already fetched that hands out no records (transaction markers, aborted
+    /// transactions) moves the offset past it first, so a partition that was read to its end
+    /// shows no false lag. A partition whose start position is not resolved yet is resolved
+    /// first (ListOffsets), so no snapshot ever holds an unresolved position.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] if the consumer is closed; the errors of
+    /// [`position`](Self::position) for a partition whose start cannot be resolved.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is recorded until it completes.
+    pub async fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<SourceState> {
+        self.absorb();
+        let unresolved: Vec<TopicPartition> = self
+            .partitions
+            .iter()
+            .filter(|(_, l)| l.handed.is_none())
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        for tp in unresolved {
+            let offset = self.position(&tp).await?;
+            if let Some(l) = self.partitions.get_mut(&tp)
+                && l.handed.is_none()
+            {
+                l.handed = Some(offset);
+            }
+        }
+        let offsets = self.handed_offsets();
+        let mut partitions: Vec<PartitionOffset> = offsets
+            .iter()
+            .map(|(tp, (o, e))| PartitionOffset {
+                topic: tp.topic.to_string(),
+                partition: tp.partition,
+                next_offset: *o,
+                leader_epoch: *e,
+            })
+            .collect();
+        partitions.sort();
+        if self.config.commit_mode() == CommitMode::OnCheckpoints {
+            let dropped = self
+                .ckpt
+                .pending
+                .lock()
+                .insert(checkpoint_id, Arc::new(offsets));
+            if dropped > 0 {
+                self.ckpt.stats.lock().dropped_pending += dropped as u64;
+                tracing::warn!(
+                    dropped,
+                    "too many pending checkpoints; the oldest were dropped"
+                );
+            }
+        }
+        Ok(SourceState {
+            version: SOURCE_STATE_VERSION,
+            checkpoint_id,
+            partitions,
+        })
+    }
+
+    /// Takes what the network loop already delivered off the channel and decodes it. Data
+    /// with no records for a partition with nothing queued moves its position at once; the
+    /// rest waits in `ready` for `poll`.
+    fn absorb(&mut self) {
+        while let Ok(delivery) = self.deliveries.try_recv() {
+            let Some(d) = self.accept(delivery) else {
+                continue;
+            };
+            let queued = self.ready.iter().any(|r| r.tp == d.tp);
+            if d.batch.is_none() && d.error.is_none() && !queued {
+                let _ = self.hand_out(d);
+            } else {
+                self.ready.push_back(d);
+            }
+        }
+    }
+
+    /// The handle for the checkpoint side: completions and aborts, from any thread.
+    pub fn checkpoints(&self) -> CheckpointHandle {
+        CheckpointHandle {
+            shared: Arc::clone(&self.ckpt),
+        }
+    }
+
+    /// The commit outcomes, once: later calls return `None`.
+    pub fn commit_outcomes(&mut self) -> Option<CommitOutcomes> {
+        self.outcomes.take()
+    }
+
+    /// Commit counters and the last acknowledged offsets.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.ckpt.stats.lock().clone()
+    }
+
+    /// The group's committed offsets for these partitions, as the coordinator reports them
+    /// (OffsetFetch with `require_stable`); `None` where nothing is committed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] without a `group.id`; broker and connection errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn committed(&self, partitions: &[TopicPartition]) -> Result<Committed> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Committed(partitions.to_vec(), tx));
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Fetch requests sent and answered so far, and the group coordinator (-1 if unknown):
+    /// counters for monitoring and tests.
+    pub fn fetch_stats(&self) -> FetchStats {
+        FetchStats {
+            requests: self.shared.fetches_sent.load(Ordering::Relaxed) as u64,
+            responses: self.shared.fetches_done.load(Ordering::Relaxed) as u64,
+            coordinator: self.shared.coordinator.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Closes the consumer: commits what the last completed checkpoint left pending (waiting
+    /// up to `close.timeout.ms`; a commit still open then is reported timed out), then stops
+    /// the network loop. Returns the final counters; the outcomes are also on
+    /// [`CommitOutcomes`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future half-way stops the network loop without waiting for the flush.
+    pub async fn close(mut self) -> CommitStats {
+        self.shutdown().await;
+        self.ckpt.stats.lock().clone()
+    }
+
+    async fn shutdown(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Close(tx));
+        // The loop flushes within close.timeout.ms; allow a little more for it to answer.
+        let timeout = self.config.close_timeout() + Duration::from_secs(1);
+        let _ = tokio::time::timeout(timeout, rx).await;
+        if let Some(d) = self.driver.take() {
+            d.abort();
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if let Some(d) = self.driver.take() {
+            d.abort();
+        }
+    }
+}
+
+impl Stream for Consumer {
+    type Item = Result<Batch>;
+
+    /// Ends (`None`) once the consumer is closed; errors are items, as from `poll`.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match this.poll_batch(cx) {
+            Poll::Ready(Err(Error::Closed)) => Poll::Ready(None),
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Fetch counters, see [`Consumer::fetch_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FetchStats {
+    /// Fetch requests sent.
+    pub requests: u64,
+    /// Fetch responses received (or failed).
+    pub responses: u64,
+    /// The group coordinator's node id, -1 if not known.
+    pub coordinator: i32,
+}
+
+fn clamp_i32(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn clamp_ms(d: std::time::Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}

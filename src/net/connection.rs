@@ -1,0 +1,632 @@
+//! One broker connection: a writer task, a reader task, and correlation-id demultiplexing.
+//!
+//! Requests are pipelined: any number may be in flight, each waiting on its own `oneshot`.
+//! Kafka answers in order on a connection, but responses are routed by correlation id, and a
+//! response nobody asked for is a protocol violation. Any framing error, I/O error or request
+//! timeout *poisons* the connection: every waiting request fails with a copy of the error, and
+//! the pool opens a new connection for the next request. The reader never allocates more than
+//! the configured maximum response size, whatever a length prefix claims.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse};
+use kafka_protocol::protocol::{Decodable, Message, Request, StrBytes};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::error::{ApiContext, BrokerRef, Error, ProtocolViolation, Result};
+use crate::proto::frame;
+use crate::proto::versions::{BrokerVersions, Window};
+
+/// Settings every connection shares.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnOptions {
+    pub(crate) client_id: StrBytes,
+    pub(crate) max_response_size: usize,
+    pub(crate) request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+type Reply = oneshot::Sender<Result<Bytes>>;
+
+struct Pending {
+    api: ApiContext,
+    reply: Reply,
+}
+
+enum State {
+    Open(HashMap<i32, Pending>),
+    Poisoned(Error),
+}
+
+struct Shared {
+    broker: BrokerRef,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    /// Fails every waiting request with `err` and refuses new ones. The first poison wins.
+    fn poison(&self, err: Error) {
+        let pending = {
+            let mut state = self.state.lock();
+            match &mut *state {
+                State::Poisoned(_) => return,
+                State::Open(map) => {
+                    let pending = std::mem::take(map);
+                    tracing::debug!(broker = %self.broker, error = %err, "connection closed");
+                    *state = State::Poisoned(err.duplicate());
+                    pending
+                }
+            }
+        };
+        for (_, p) in pending {
+            let mut e = err.duplicate();
+            if let Error::Protocol { api, .. } = &mut e {
+                api.get_or_insert(p.api);
+            }
+            let _ = p.reply.send(Err(e));
+        }
+    }
+}
+
+/// A live connection to one broker, with its negotiated API versions.
+pub(crate) struct Connection {
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Bytes>,
+    next_correlation_id: AtomicI32,
+    versions: BrokerVersions,
+    opts: ConnOptions,
+    tasks: [JoinHandle<()>; 2],
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("broker", &self.shared.broker)
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Connection {
+    /// Opens a TCP connection and negotiates API versions.
+    pub(crate) async fn connect(addr: &str, broker: BrokerRef, opts: ConnOptions) -> Result<Self> {
+        let io_err = |source| Error::Io {
+            broker: broker.clone(),
+            source,
+        };
+        let stream = tokio::time::timeout(opts.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| Error::timeout(format!("connecting to {broker}"), opts.connect_timeout))?
+            .map_err(io_err)?;
+        stream.set_nodelay(true).map_err(io_err)?;
+        Self::start(stream, broker, opts).await
+    }
+
+    async fn start(stream: TcpStream, broker: BrokerRef, opts: ConnOptions) -> Result<Self> {
+        let (rd, wr) = stream.into_split();
+        let shared = Arc::new(Shared {
+            broker,
+            state: Mutex::new(State::Open(HashMap::new())),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_loop(rd, Arc::clone(&shared), opts.max_response_size));
+        let writer = tokio::spawn(write_loop(wr, rx, Arc::clone(&shared)));
+        let mut conn = Self {
+            shared,
+            tx,
+            next_correlation_id: AtomicI32::new(0),
+            versions: BrokerVersions::default(),
+            opts,
+            tasks: [reader, writer],
+        };
+        conn.versions = conn.negotiate().await?;
+        Ok(conn)
+    }
+
+    /// ApiVersions, with the KIP-511 fallback: a broker that does not know our version answers
+    /// UNSUPPORTED_VERSION in a v0 body that lists its own ApiVersions range.
+    async fn negotiate(&self) -> Result<BrokerVersions> {
+        let mut version = <ApiVersionsRequest as Message>::VERSIONS.max;
+        for _ in 0..2 {
+            let req = ApiVersionsRequest::default()
+                .with_client_software_name(StrBytes::from_static_str("kafka-source"))
+                .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
+            let api = ApiContext {
+                api: ApiKey::ApiVersions,
+                version,
+            };
+            let raw = self.send_raw(&req, api).await?;
+            if frame::peek_error_code_after_v0_header(&raw) == Some(35) && version > 0 {
+                let mut body = raw.slice(4..);
+                let v0 =
+                    ApiVersionsResponse::decode(&mut body, 0).map_err(|source| Error::Decode {
+                        broker: self.shared.broker.clone(),
+                        api,
+                        source,
+                    })?;
+                let theirs = v0
+                    .api_keys
+                    .iter()
+                    .find(|k| k.api_key == ApiKey::ApiVersions as i16)
+                    .map(|k| k.max_version)
+                    .unwrap_or(0);
+                version = theirs.min(version - 1).max(0);
+                continue;
+            }
+            let resp =
+                frame::decode_response::<ApiVersionsRequest>(raw, version).map_err(|source| {
+                    Error::Decode {
+                        broker: self.shared.broker.clone(),
+                        api,
+                        source,
+                    }
+                })?;
+            if let Some(code) = kafka_protocol::error::ParseResponseErrorCode::err(resp.error_code)
+            {
+                return Err(Error::broker(
+                    code,
+                    format!("ApiVersions to {}", self.shared.broker),
+                    None,
+                ));
+            }
+            return Ok(BrokerVersions::from_response(&resp));
+        }
+        Err(Error::Protocol {
+            broker: self.shared.broker.clone(),
+            api: Some(ApiContext {
+                api: ApiKey::ApiVersions,
+                version,
+            }),
+            violation: ProtocolViolation::Unexpected(
+                "ApiVersions fallback did not converge".into(),
+            ),
+        })
+    }
+
+    /// False once the connection failed; the pool then replaces it.
+    pub(crate) fn is_alive(&self) -> bool {
+        matches!(*self.shared.state.lock(), State::Open(_)) && !self.tx.is_closed()
+    }
+
+    /// The version to use for an API on this broker, or a typed error when there is none.
+    pub(crate) fn version(&self, w: Window) -> Result<i16> {
+        self.versions.choose(w).map_err(|range| {
+            let (broker_min, broker_max) = range.unwrap_or((-1, -1));
+            Error::UnsupportedVersion {
+                broker: self.shared.broker.clone(),
+                api: w.api,
+                broker_min,
+                broker_max,
+                our_min: w.min,
+                our_max: w.max,
+            }
+        })
+    }
+
+    /// Sends a request and decodes its response. `extra_wait` extends the request timeout for
+    /// requests the broker may hold on purpose (a long-polling Fetch).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future abandons the response, which the reader still consumes
+    /// and discards, so the connection stays usable.
+    pub(crate) async fn request<R: Request>(
+        &self,
+        req: &R,
+        version: i16,
+        extra_wait: Duration,
+    ) -> Result<R::Response> {
+        let api = ApiContext {
+            api: api_key::<R>(),
+            version,
+        };
+        let raw = self.send_raw_with_wait(req, api, extra_wait).await?;
+        frame::decode_response::<R>(raw, version).map_err(|source| Error::Decode {
+            broker: self.shared.broker.clone(),
+            api,
+            source,
+        })
+    }
+
+    async fn send_raw<R: Request>(&self, req: &R, api: ApiContext) -> Result<Bytes> {
+        self.send_raw_with_wait(req, api, Duration::ZERO).await
+    }
+
+    async fn send_raw_with_wait<R: Request>(
+        &self,
+        req: &R,
+        api: ApiContext,
+        extra_wait: Duration,
+    ) -> Result<Bytes> {
+        let correlation_id = self.next_correlation_id.fetch_add(1, Ordering::Relaxed);
+        let mut buf = BytesMut::new();
+        frame::encode_request(
+            &mut buf,
+            req,
+            api.version,
+            correlation_id,
+            &self.opts.client_id,
+        )
+        .map_err(|source| Error::Encode { api, source })?;
+        let (reply, rx) = oneshot::channel();
+        {
+            // Register before the frame can reach the broker, so the response always finds us.
+            let mut state = self.shared.state.lock();
+            match &mut *state {
+                State::Poisoned(e) => return Err(e.duplicate()),
+                State::Open(map) => {
+                    map.insert(correlation_id, Pending { api, reply });
+                }
+            }
+        }
+        if self.tx.send(buf.freeze()).is_err() {
+            self.shared.poison(Error::Closed);
+        }
+        let limit = self.opts.request_timeout + extra_wait;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::Closed),
+            Err(_) => {
+                let err = Error::timeout(format!("{api} to {}", self.shared.broker), limit);
+                // A broker that does not answer in time is not trusted with later requests
+                // on this connection either (the Java client disconnects too).
+                self.shared.poison(err.duplicate());
+                Err(err)
+            }
+        }
+    }
+}
+
+fn api_key<R: Request>() -> ApiKey {
+    ApiKey::try_from(R::KEY).unwrap_or(ApiKey::ApiVersions)
+}
+
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    shared: Arc<Shared>,
+) {
+    while let Some(frame) = rx.recv().await {
+        if let Err(source) = wr.write_all(&frame).await {
+            shared.poison(Error::Io {
+                broker: shared.broker.clone(),
+                source,
+            });
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// Frames larger than this are read into a buffer grown in steps of this size, so a length
+/// prefix alone never makes us allocate the whole claimed size up front.
+const GROW_STEP: usize = 16 << 20;
+
+async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let err = loop {
+        match read_frame(&mut rd, &mut buf, max).await {
+            Ok(frame) => {
+                if let Err(e) = deliver(&shared, frame) {
+                    break e;
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    let err = match err {
+        ReadError::Io(source) => Error::Io {
+            broker: shared.broker.clone(),
+            source,
+        },
+        ReadError::Protocol(violation) => {
+            tracing::warn!(broker = %shared.broker, %violation, "protocol violation; closing connection");
+            Error::Protocol {
+                broker: shared.broker.clone(),
+                api: None,
+                violation,
+            }
+        }
+    };
+    shared.poison(err);
+}
+
+enum ReadError {
+    Io(std::io::Error),
+    Protocol(ProtocolViolation),
+}
+
+async fn read_frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<Bytes, ReadError> {
+    while buf.len() < frame::LENGTH_PREFIX {
+        fill(rd, buf, 64 * 1024).await?;
+    }
+    let prefix = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    let len = frame::check_length(prefix, max).map_err(ReadError::Protocol)?;
+    let total = frame::LENGTH_PREFIX + len;
+    while buf.len() < total {
+        let missing = total - buf.len();
+        fill(rd, buf, missing.min(GROW_STEP)).await?;
+    }
+    let mut frame = buf.split_to(total);
+    frame.advance(frame::LENGTH_PREFIX);
+    Ok(frame.freeze())
+}
+
+async fn fill<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    want: usize,
+) -> Result<(), ReadError> {
+    buf.reserve(want.max(8 * 1024));
+    match rd.read_buf(buf).await {
+        Ok(0) => Err(ReadError::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "broker closed the connection",
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) => Err(ReadError::Io(e)),
+    }
+}
+
+fn deliver(shared: &Shared, frame: Bytes) -> Result<(), ReadError> {
+    let id = frame::correlation_id(&frame).map_err(ReadError::Protocol)?;
+    let pending = match &mut *shared.state.lock() {
+        State::Open(map) => map.remove(&id),
+        State::Poisoned(_) => return Ok(()),
+    };
+    let Some(p) = pending else {
+        return Err(ReadError::Protocol(
+            ProtocolViolation::UnknownCorrelationId(id),
+        ));
+    };
+    // The requester may have given up (cancelled); its response is dropped here.
+    let _ = p.reply.send(Ok(frame));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::versions;
+    use bytes::BufMut;
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    use kafka_protocol::messages::{
+        MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader,
+    };
+    use kafka_protocol::protocol::{Encodable, HeaderVersion, decode_request_header_from_buffer};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    fn opts() -> ConnOptions {
+        ConnOptions {
+            client_id: StrBytes::from_static_str("test"),
+            max_response_size: 100 << 20,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Reads one request frame; returns its header.
+    async fn read_request(sock: &mut TcpStream) -> RequestHeader {
+        let len = sock.read_i32().await.unwrap() as usize;
+        let mut buf = vec![0u8; len];
+        sock.read_exact(&mut buf).await.unwrap();
+        let mut b = Bytes::from(buf);
+        decode_request_header_from_buffer(&mut b).unwrap()
+    }
+
+    fn response_frame<R: Encodable + HeaderVersion>(corr: i32, body: &R, version: i16) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        buf.put_i32(0);
+        ResponseHeader::default()
+            .with_correlation_id(corr)
+            .encode(&mut buf, R::header_version(version))
+            .unwrap();
+        body.encode(&mut buf, version).unwrap();
+        let len = (buf.len() - 4) as i32;
+        buf[..4].copy_from_slice(&len.to_be_bytes());
+        buf.to_vec()
+    }
+
+    /// Answers the ApiVersions handshake like a Kafka 4.1 broker (Metadata 0..=13).
+    async fn handshake(sock: &mut TcpStream) {
+        let h = read_request(sock).await;
+        assert_eq!(h.request_api_key, ApiKey::ApiVersions as i16);
+        let resp = ApiVersionsResponse::default().with_api_keys(vec![
+            ApiVersion::default()
+                .with_api_key(ApiKey::ApiVersions as i16)
+                .with_max_version(4),
+            ApiVersion::default()
+                .with_api_key(ApiKey::Metadata as i16)
+                .with_max_version(13),
+        ]);
+        let frame = response_frame(h.correlation_id, &resp, h.request_api_version);
+        sock.write_all(&frame).await.unwrap();
+    }
+
+    async fn metadata(conn: &Connection) -> Result<MetadataResponse> {
+        let v = conn.version(versions::METADATA)?;
+        conn.request(&MetadataRequest::default(), v, Duration::ZERO)
+            .await
+    }
+
+    #[tokio::test]
+    async fn pipelined_requests_are_routed_by_correlation_id() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            handshake(&mut sock).await;
+            // Two requests in flight; answer them in reverse order.
+            let a = read_request(&mut sock).await;
+            let b = read_request(&mut sock).await;
+            for (h, id) in [(b, 2), (a, 1)] {
+                let resp = MetadataResponse::default().with_controller_id(id.into());
+                let frame = response_frame(h.correlation_id, &resp, h.request_api_version);
+                sock.write_all(&frame).await.unwrap();
+            }
+            sock
+        });
+        let conn = Connection::connect(&addr, BrokerRef::Address(addr.clone()), opts())
+            .await
+            .unwrap();
+        assert_eq!(conn.version(versions::METADATA).unwrap(), 13);
+        let (a, b) = tokio::join!(metadata(&conn), metadata(&conn));
+        assert_eq!(a.unwrap().controller_id.0, 1);
+        assert_eq!(b.unwrap().controller_id.0, 2);
+        assert!(conn.is_alive());
+        drop(server.await.unwrap());
+    }
+
+    /// A 2 GiB length prefix is a typed error, the connection is poisoned, and the claimed size
+    /// is never allocated (the test binary's allocator records the largest request).
+    #[tokio::test]
+    async fn huge_length_prefix_is_refused_without_allocating() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            handshake(&mut sock).await;
+            let _ = read_request(&mut sock).await;
+            sock.write_all(&i32::MAX.to_be_bytes()).await.unwrap();
+            sock.write_all(&[0u8; 64]).await.unwrap();
+            sock
+        });
+        let conn = Connection::connect(&addr, BrokerRef::Address(addr.clone()), opts())
+            .await
+            .unwrap();
+        let err = metadata(&conn).await.unwrap_err();
+        match &err {
+            Error::Protocol {
+                violation: ProtocolViolation::FrameTooLarge { claimed, max },
+                api,
+                ..
+            } => {
+                assert_eq!(*claimed, i32::MAX);
+                assert_eq!(*max, 100 << 20);
+                assert_eq!(api.map(|a| a.api), Some(ApiKey::Metadata));
+            }
+            other => panic!("expected FrameTooLarge, got {other:?}"),
+        }
+        assert!(!conn.is_alive());
+        assert!(
+            metadata(&conn).await.is_err(),
+            "a poisoned connection refuses requests"
+        );
+        drop(server.await.unwrap());
+    }
+
+    /// The reader checks the prefix before it reserves anything: after a 2 GiB prefix (or a
+    /// negative one) its buffer is still the small initial one.
+    #[tokio::test]
+    async fn reader_never_reserves_the_claimed_size() {
+        for prefix in [i32::MAX, 1 << 30, -1, i32::MIN] {
+            let (mut tx, mut rx) = tokio::io::duplex(1024);
+            tx.write_all(&prefix.to_be_bytes()).await.unwrap();
+            tx.write_all(&[7u8; 100]).await.unwrap();
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            let res = read_frame(&mut rx, &mut buf, 100 << 20).await;
+            assert!(
+                matches!(res, Err(ReadError::Protocol(_))),
+                "prefix {prefix}"
+            );
+            assert!(
+                buf.capacity() <= 64 * 1024,
+                "prefix {prefix}: reserved {}",
+                buf.capacity()
+            );
+        }
+        // A frame over the limit but plausible is refused the same way.
+        let (mut tx, mut rx) = tokio::io::duplex(1024);
+        tx.write_all(&(2000i32).to_be_bytes()).await.unwrap();
+        let mut buf = BytesMut::new();
+        match read_frame(&mut rx, &mut buf, 1000).await {
+            Err(ReadError::Protocol(ProtocolViolation::FrameTooLarge {
+                claimed: 2000,
+                max: 1000,
+            })) => {}
+            _ => panic!("expected FrameTooLarge"),
+        }
+    }
+
+    /// A response cut mid-frame fails the requests on that connection only; the pool opens a
+    /// new connection for the next request.
+    #[tokio::test]
+    async fn cut_frame_fails_only_that_connection() {
+        use crate::net::backoff::Backoff;
+        use crate::net::pool::{ConnKey, Pool};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            // Connection 1 (bootstrap 0): answers the handshake, then half a response, then EOF.
+            let (mut one, _) = listener.accept().await.unwrap();
+            handshake(&mut one).await;
+            // Connection 2 (bootstrap 1): healthy.
+            let (mut two, _) = listener.accept().await.unwrap();
+            handshake(&mut two).await;
+            let a = read_request(&mut one).await;
+            let _b = read_request(&mut one).await;
+            let resp = MetadataResponse::default().with_controller_id(7.into());
+            let frame = response_frame(a.correlation_id, &resp, a.request_api_version);
+            one.write_all(&frame[..frame.len() / 2]).await.unwrap();
+            drop(one);
+            let c = read_request(&mut two).await;
+            let frame = response_frame(c.correlation_id, &resp, c.request_api_version);
+            two.write_all(&frame).await.unwrap();
+            // The pool reconnects bootstrap 0: connection 3, healthy.
+            let (mut three, _) = listener.accept().await.unwrap();
+            handshake(&mut three).await;
+            let d = read_request(&mut three).await;
+            let frame = response_frame(d.correlation_id, &resp, d.request_api_version);
+            three.write_all(&frame).await.unwrap();
+            (two, three)
+        });
+        let pool = Pool::new(
+            vec![addr.clone(), addr.clone()],
+            opts(),
+            Backoff {
+                base: Duration::from_millis(10),
+                max: Duration::from_millis(50),
+            },
+        );
+        let one = pool.get(ConnKey::Bootstrap(0)).await.unwrap();
+        let two = pool.get(ConnKey::Bootstrap(1)).await.unwrap();
+        let (a, b) = tokio::join!(metadata(&one), metadata(&one));
+        for r in [a, b] {
+            match r {
+                Err(Error::Io { source, .. }) => {
+                    assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof)
+                }
+                other => panic!("expected an I/O error, got {other:?}"),
+            }
+        }
+        assert!(!one.is_alive());
+        assert_eq!(metadata(&two).await.unwrap().controller_id.0, 7);
+        assert!(two.is_alive());
+        let three = pool.get(ConnKey::Bootstrap(0)).await.unwrap();
+        assert!(!Arc::ptr_eq(&one, &three));
+        assert_eq!(metadata(&three).await.unwrap().controller_id.0, 7);
+        drop(server.await.unwrap());
+    }
+}

@@ -1,0 +1,712 @@
+//! The network loop: one task per consumer that owns the fetch state machine, the metadata,
+//! and every request in flight.
+//!
+//! Each turn it plans (metadata refresh, ListOffsets, one Fetch per idle leader within the
+//! memory budget), then waits for whichever comes first: a command from the consumer, a
+//! response, freed budget, or a timer. Requests run as futures the loop polls; none of them
+//! blocks the loop, and a request's response is never dropped half-read (the connection's
+//! reader owns the socket).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use std::collections::BTreeMap;
+
+use kafka_protocol::error::ParseResponseErrorCode;
+use kafka_protocol::messages::offset_fetch_request::{
+    OffsetFetchRequestGroup, OffsetFetchRequestTopics,
+};
+use kafka_protocol::messages::{
+    FetchResponse, FindCoordinatorResponse, GroupId, ListOffsetsResponse, MetadataResponse,
+    OffsetCommitResponse, OffsetFetchRequest, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::checkpoint::{CheckpointShared, CommitOutcome};
+use crate::error::{Error, Result};
+use crate::net::pool::{ConnKey, Pool};
+use crate::proto::commit::{self, Action, Committer, Finished};
+use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, ListPlan, Outcome};
+use crate::proto::metadata::{Metadata, TopicProblem};
+use crate::proto::versions;
+use crate::types::{StartPosition, TopicPartition};
+
+/// State shared between the consumer handle and its network loop.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// Bytes fetched and not yet handed out (plus the decompressed batch last handed out).
+    pub(crate) buffered: AtomicUsize,
+    /// Signalled when `buffered` drops, so the loop can fetch again.
+    pub(crate) budget_freed: Notify,
+    /// Fetch requests sent.
+    pub(crate) fetches_sent: AtomicUsize,
+    /// Fetch responses (or failures) received.
+    pub(crate) fetches_done: AtomicUsize,
+    /// The group coordinator's node id, or -1.
+    pub(crate) coordinator: std::sync::atomic::AtomicI32,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            buffered: AtomicUsize::new(0),
+            budget_freed: Notify::new(),
+            fetches_sent: AtomicUsize::new(0),
+            fetches_done: AtomicUsize::new(0),
+            coordinator: std::sync::atomic::AtomicI32::new(-1),
+        }
+    }
+}
+
+/// Committed offsets as OffsetFetch reports them (`None`: nothing committed).
+pub(crate) type Committed = BTreeMap<TopicPartition, Option<i64>>;
+
+/// What the consumer asks of its loop.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// The new assignment; `true` when it comes from a restored checkpoint.
+    Assign(Vec<(TopicPartition, StartPosition, u64)>, bool),
+    Seek(TopicPartition, StartPosition, u64),
+    Pause(Vec<TopicPartition>, bool),
+    /// The consumer found corrupt data at this generation; stop fetching.
+    Fail(TopicPartition, u64),
+    StartOffset(TopicPartition, oneshot::Sender<Result<i64>>),
+    /// The group's committed offsets for these partitions (OffsetFetch).
+    Committed(Vec<TopicPartition>, oneshot::Sender<Result<Committed>>),
+    Close(oneshot::Sender<()>),
+}
+
+/// What the loop hands the consumer.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    Chunk(Chunk),
+    Failed {
+        tp: TopicPartition,
+        generation: u64,
+        error: Error,
+    },
+    /// An error not tied to one partition (e.g. a topic that does not exist).
+    Error(Error),
+}
+
+enum Completion {
+    Metadata(Result<MetadataResponse>),
+    List(ListPlan, Result<ListOffsetsResponse>),
+    Fetch(FetchPlan, Result<FetchResponse>),
+    FindCoordinator(u64, Result<FindCoordinatorResponse>),
+    Commit(u64, Result<OffsetCommitResponse>),
+    /// A query finished; its answer went to its own channel.
+    Answered,
+}
+
+/// Settings the loop needs beyond the fetch state machine's.
+#[derive(Clone, Debug)]
+pub(crate) struct DriverConfig {
+    pub(crate) budget: usize,
+    pub(crate) max_wait: Duration,
+    pub(crate) metadata_max_age: Duration,
+    pub(crate) retry_backoff: Duration,
+    pub(crate) group: Option<String>,
+    pub(crate) close_timeout: Duration,
+}
+
+pub(crate) struct Driver {
+    cfg: DriverConfig,
+    pool: Arc<Pool>,
+    shared: Arc<Shared>,
+    meta: Metadata,
+    fetch: FetchState,
+    commands: mpsc::UnboundedReceiver<Command>,
+    out: mpsc::UnboundedSender<Delivery>,
+    inflight: FuturesUnordered<BoxFuture<'static, Completion>>,
+    /// Leaders with a fetch in flight.
+    busy: HashSet<i32>,
+    /// Bytes reserved by fetches in flight.
+    reserved: usize,
+    metadata_in_flight: bool,
+    metadata_wanted: bool,
+    metadata_at: Option<Instant>,
+    metadata_not_before: Instant,
+    metadata_failures: u32,
+    reported_topics: HashSet<Arc<str>>,
+    start_waiters: Vec<(TopicPartition, oneshot::Sender<Result<i64>>)>,
+    ckpt: Arc<CheckpointShared>,
+    committer: Option<Committer>,
+    closing: Option<(oneshot::Sender<()>, Instant)>,
+}
+
+impl Driver {
+    #[allow(clippy::too_many_arguments)] // each is a distinct part the loop owns; a struct would only rename them
+    pub(crate) fn new(
+        cfg: DriverConfig,
+        pool: Arc<Pool>,
+        shared: Arc<Shared>,
+        fetch: FetchState,
+        commands: mpsc::UnboundedReceiver<Command>,
+        out: mpsc::UnboundedSender<Delivery>,
+        ckpt: Arc<CheckpointShared>,
+        committer: Option<Committer>,
+    ) -> Self {
+        Self {
+            ckpt,
+            committer,
+            closing: None,
+            cfg,
+            pool,
+            shared,
+            meta: Metadata::default(),
+            fetch,
+            commands,
+            out,
+            inflight: FuturesUnordered::new(),
+            busy: HashSet::new(),
+            reserved: 0,
+            metadata_in_flight: false,
+            metadata_wanted: true,
+            metadata_at: None,
+            metadata_not_before: Instant::now(),
+            metadata_failures: 0,
+            reported_topics: HashSet::new(),
+            start_waiters: Vec::new(),
+        }
+    }
+
+    /// Runs until the consumer closes or is dropped.
+    pub(crate) async fn run(mut self) {
+        loop {
+            // Take a completed checkpoint's offsets at the top of every turn.
+            if let Some(req) = self.ckpt.handover.take() {
+                self.offer_commit(req);
+            }
+            let now = Instant::now();
+            if self.close_done(now) {
+                return;
+            }
+            self.schedule(now);
+            let wake = self.next_wake(now);
+            let ckpt = Arc::clone(&self.ckpt);
+            tokio::select! {
+                biased;
+                () = ckpt.handover.notified() => {}
+                cmd = self.commands.recv(), if self.closing.is_none() => match cmd {
+                    Some(Command::Close(done)) => {
+                        let deadline = Instant::now() + self.cfg.close_timeout;
+                        self.closing = Some((done, deadline));
+                    }
+                    Some(cmd) => self.handle_command(cmd),
+                    None => return,
+                },
+                Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
+                    self.handle_completion(done);
+                }
+                () = self.shared.budget_freed.notified() => {}
+                () = sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// While closing: done once no commit is left, or the close deadline passed (what is left
+    /// is reported timed out).
+    fn close_done(&mut self, now: Instant) -> bool {
+        let Some((_, deadline)) = &self.closing else {
+            return false;
+        };
+        let idle = self.committer.as_ref().is_none_or(Committer::is_idle);
+        if !idle && now < *deadline {
+            return false;
+        }
+        if let Some(c) = self.committer.as_mut() {
+            for req in c.take_all() {
+                self.ckpt.report(CommitOutcome {
+                    checkpoint_id: req.checkpoint_id,
+                    latency: req.created.elapsed(),
+                    offsets: req.offsets,
+                    outcome: crate::checkpoint::Outcome::TimedOut,
+                });
+            }
+        }
+        if let Some((done, _)) = self.closing.take() {
+            let _ = done.send(());
+        }
+        true
+    }
+
+    fn offer_commit(&mut self, req: crate::checkpoint::CommitRequest) {
+        let Some(c) = self.committer.as_mut() else {
+            return;
+        };
+        if let Some(old) = c.offer(req) {
+            self.ckpt.report(CommitOutcome {
+                checkpoint_id: old.checkpoint_id,
+                latency: old.created.elapsed(),
+                offsets: old.offsets,
+                outcome: crate::checkpoint::Outcome::Superseded,
+            });
+        }
+    }
+
+    fn finish_commit(&mut self, f: Finished) {
+        if !f.stored.is_empty() {
+            self.ckpt.acked(f.stored);
+        }
+        self.ckpt.report(CommitOutcome {
+            checkpoint_id: f.request.checkpoint_id,
+            latency: f.request.created.elapsed(),
+            offsets: f.request.offsets,
+            outcome: f.outcome,
+        });
+    }
+
+    fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let mut wake = self.fetch.next_retry().map(Instant::from_std);
+        if let Some(t) = self.committer.as_ref().and_then(Committer::next_timeout) {
+            let t = Instant::from_std(t);
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
+        if let Some((_, t)) = &self.closing {
+            wake = Some(wake.map_or(*t, |w| w.min(*t)));
+        }
+        let meta_due = if self.metadata_wanted {
+            Some(self.metadata_not_before)
+        } else {
+            self.metadata_at.map(|t| t + self.cfg.metadata_max_age)
+        };
+        if !self.metadata_in_flight
+            && let Some(t) = meta_due
+        {
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
+        wake.map(|w| w.max(now))
+    }
+
+    fn handle_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Assign(list, restored) => {
+                self.fetch.assign(list, restored);
+                self.metadata_wanted = true;
+                self.start_waiters
+                    .retain(|(tp, _)| self.fetch.is_assigned(tp));
+            }
+            Command::Seek(tp, pos, generation) => {
+                self.fetch.seek(&tp, pos, generation);
+            }
+            Command::Pause(tps, paused) => {
+                for tp in &tps {
+                    self.fetch.set_paused(tp, paused);
+                }
+            }
+            Command::Fail(tp, generation) => self.fetch.fail(&tp, generation),
+            Command::StartOffset(tp, reply) => {
+                if !self.fetch.is_assigned(&tp) {
+                    let _ = reply.send(Err(Error::NotAssigned(tp)));
+                    return;
+                }
+                self.start_waiters.push((tp, reply));
+                self.answer_start_waiters();
+            }
+            Command::Committed(tps, reply) => self.query_committed(tps, reply),
+            Command::Close(_) => {}
+        }
+    }
+
+    fn query_committed(
+        &mut self,
+        tps: Vec<TopicPartition>,
+        reply: oneshot::Sender<Result<Committed>>,
+    ) {
+        let Some(group) = self.cfg.group.clone() else {
+            let _ = reply.send(Err(Error::config(
+                "group.id",
+                "committed offsets need a group.id",
+            )));
+            return;
+        };
+        let pool = Arc::clone(&self.pool);
+        self.inflight.push(Box::pin(async move {
+            let _ = reply.send(offset_fetch(&pool, &group, tps).await);
+            Completion::Answered
+        }));
+    }
+
+    fn answer_start_waiters(&mut self) {
+        let waiters = std::mem::take(&mut self.start_waiters);
+        for (tp, reply) in waiters {
+            match self.fetch.start_offset(&tp) {
+                Some(Ok(o)) => {
+                    let _ = reply.send(Ok(o));
+                }
+                Some(Err(())) => {
+                    let _ = reply.send(Err(Error::NotAssigned(tp)));
+                }
+                None if !reply.is_closed() => self.start_waiters.push((tp, reply)),
+                None => {}
+            }
+        }
+    }
+
+    fn schedule(&mut self, now: Instant) {
+        let std_now = now.into_std();
+        if let Some(f) = self
+            .committer
+            .as_mut()
+            .and_then(|c| c.handle_timeout(std_now))
+        {
+            self.finish_commit(f);
+        }
+        // Metadata: when wanted (after an error, at start, when leaders are unknown), or when
+        // it is older than metadata.max.age.
+        if !self.metadata_in_flight {
+            let stale = self
+                .metadata_at
+                .is_none_or(|t| now >= t + self.cfg.metadata_max_age);
+            let wanted = self.metadata_wanted || self.fetch.needs_metadata(&self.meta);
+            if (stale || wanted)
+                && now >= self.metadata_not_before
+                && !self.fetch.topics().is_empty()
+            {
+                self.metadata_in_flight = true;
+                self.metadata_wanted = false;
+                let pool = Arc::clone(&self.pool);
+                let req = Metadata::request(&self.fetch.topics());
+                self.inflight.push(Box::pin(async move {
+                    let res = async {
+                        let conn = pool.any().await?;
+                        let v = conn.version(versions::METADATA)?;
+                        conn.request(&req, v, Duration::ZERO).await
+                    }
+                    .await;
+                    Completion::Metadata(res)
+                }));
+            }
+        }
+        for plan in self.fetch.plan_list_offsets(std_now, &self.meta) {
+            let req = self.fetch.list_offsets_request(&plan);
+            let pool = Arc::clone(&self.pool);
+            self.inflight.push(Box::pin(async move {
+                let res = async {
+                    let conn = pool.get(ConnKey::Data(plan.node)).await?;
+                    let v = conn.version(versions::LIST_OFFSETS)?;
+                    conn.request(&req, v, Duration::ZERO).await
+                }
+                .await;
+                Completion::List(plan, res)
+            }));
+        }
+        while let Some(action) = self.committer.as_mut().and_then(|c| c.poll_action(std_now)) {
+            self.spawn_commit_action(action);
+        }
+        let buffered = self.shared.buffered.load(Ordering::Acquire);
+        let budget = self
+            .cfg
+            .budget
+            .saturating_sub(buffered)
+            .saturating_sub(self.reserved);
+        if budget == 0 {
+            return;
+        }
+        for plan in self
+            .fetch
+            .plan_fetches(std_now, &self.meta, &self.busy, budget)
+        {
+            self.busy.insert(plan.node);
+            self.reserved += plan.max_bytes as usize;
+            self.shared.fetches_sent.fetch_add(1, Ordering::Relaxed);
+            let pool = Arc::clone(&self.pool);
+            let fetch_cfg = self.fetch.config();
+            let max_wait = self.cfg.max_wait;
+            self.inflight.push(Box::pin(async move {
+                let res = async {
+                    let conn = pool.get(ConnKey::Data(plan.node)).await?;
+                    // Built once the broker's version is known: v12 names topics, v13+ ids.
+                    let v = conn.version(versions::FETCH)?;
+                    let req = FetchState::fetch_request(&fetch_cfg, &plan, v);
+                    conn.request(&req, v, max_wait).await
+                }
+                .await;
+                Completion::Fetch(plan, res)
+            }));
+        }
+    }
+
+    fn spawn_commit_action(&mut self, action: Action) {
+        let pool = Arc::clone(&self.pool);
+        let group = self.cfg.group.clone().unwrap_or_default();
+        match action {
+            Action::FindCoordinator(seq) => self.inflight.push(Box::pin(async move {
+                let res = async {
+                    let conn = pool.any().await?;
+                    let v = conn.version(versions::FIND_COORDINATOR)?;
+                    let req = commit::find_coordinator_request(&group, v);
+                    conn.request(&req, v, Duration::ZERO).await
+                }
+                .await;
+                Completion::FindCoordinator(seq, res)
+            })),
+            Action::Commit { seq, node, request } => self.inflight.push(Box::pin(async move {
+                let res = async {
+                    // The coordinator's own connection: never behind a parked Fetch.
+                    let conn = pool.get(ConnKey::Coordinator(node)).await?;
+                    let v = conn.version(versions::OFFSET_COMMIT)?;
+                    conn.request(&request, v, Duration::ZERO).await
+                }
+                .await;
+                Completion::Commit(seq, res)
+            })),
+        }
+    }
+
+    fn handle_completion(&mut self, done: Completion) {
+        let now = Instant::now().into_std();
+        match done {
+            Completion::Answered => {}
+            Completion::FindCoordinator(seq, res) => {
+                let Some(c) = self.committer.as_mut() else {
+                    return;
+                };
+                match c.handle_find_coordinator(seq, now, res) {
+                    Ok(Some((node, addr))) => {
+                        self.pool.add_node(node, addr);
+                        self.shared.coordinator.store(node, Ordering::Relaxed);
+                    }
+                    Ok(None) => {}
+                    Err(f) => self.finish_commit(*f),
+                }
+            }
+            Completion::Commit(seq, res) => {
+                let Some(c) = self.committer.as_mut() else {
+                    return;
+                };
+                let finished = c.handle_commit(seq, now, res);
+                if c.coordinator().is_none() {
+                    self.shared.coordinator.store(-1, Ordering::Relaxed);
+                }
+                if let Some(f) = finished {
+                    self.finish_commit(f);
+                }
+            }
+            Completion::Metadata(res) => {
+                self.metadata_in_flight = false;
+                match res {
+                    Ok(resp) => {
+                        self.metadata_failures = 0;
+                        let problems = self.meta.handle_response(&resp);
+                        self.pool.set_nodes(self.meta.brokers().clone());
+                        self.metadata_at = Some(Instant::now());
+                        self.metadata_not_before = Instant::now() + self.cfg.retry_backoff;
+                        for TopicProblem::Error(topic, code) in problems {
+                            if self.reported_topics.insert(Arc::clone(&topic)) {
+                                tracing::warn!(%topic, ?code, "metadata error for an assigned topic");
+                                let err = Error::broker(
+                                    code,
+                                    format!("metadata for topic {topic}"),
+                                    None,
+                                );
+                                let _ = self.out.send(Delivery::Error(err));
+                            }
+                        }
+                        let known: Vec<Arc<str>> = self
+                            .fetch
+                            .topics()
+                            .into_iter()
+                            .filter(|t| self.meta.topic(t).is_some())
+                            .collect();
+                        for t in known {
+                            self.reported_topics.remove(&t);
+                        }
+                    }
+                    Err(e) => {
+                        self.metadata_failures += 1;
+                        self.metadata_wanted = true;
+                        let delay = self.cfg.retry_backoff * (1 << self.metadata_failures.min(4));
+                        self.metadata_not_before = Instant::now() + delay;
+                        tracing::debug!(error = %e, "metadata request failed");
+                    }
+                }
+            }
+            Completion::List(plan, res) => {
+                let out = self.fetch.handle_list_offsets(plan, res, now);
+                self.apply(out);
+                self.answer_start_waiters();
+            }
+            Completion::Fetch(plan, res) => {
+                self.shared.fetches_done.fetch_add(1, Ordering::Relaxed);
+                self.busy.remove(&plan.node);
+                self.reserved = self.reserved.saturating_sub(plan.max_bytes as usize);
+                if res.is_err() {
+                    for tp in FetchState::leaders_of(&plan) {
+                        self.meta.invalidate_leader(&tp.topic, tp.partition);
+                    }
+                }
+                let out = self.fetch.handle_fetch(plan, res, now);
+                self.apply(out);
+            }
+        }
+    }
+
+    fn apply(&mut self, out: Outcome) {
+        if out.refresh_metadata {
+            self.metadata_wanted = true;
+        }
+        for ev in out.events {
+            match ev {
+                FetchEvent::Chunk(chunk) => {
+                    self.shared
+                        .buffered
+                        .fetch_add(chunk.records.len(), Ordering::AcqRel);
+                    let _ = self.out.send(Delivery::Chunk(chunk));
+                }
+                FetchEvent::Failed {
+                    tp,
+                    generation,
+                    error,
+                } => {
+                    let _ = self.out.send(Delivery::Failed {
+                        tp,
+                        generation,
+                        error,
+                    });
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The group's committed offsets for `tps`: FindCoordinator, then OffsetFetch with
+/// `require_stable` (KIP-447) on the coordinator's connection.
+async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Result<Committed> {
+    let conn = pool.any().await?;
+    let v = conn.version(versions::FIND_COORDINATOR)?;
+    let resp = conn
+        .request(
+            &commit::find_coordinator_request(group, v),
+            v,
+            Duration::ZERO,
+        )
+        .await?;
+    let (code, node, host, port) = match resp.coordinators.first() {
+        Some(c) => (c.error_code, c.node_id.0, c.host.to_string(), c.port),
+        None => (
+            resp.error_code,
+            resp.node_id.0,
+            resp.host.to_string(),
+            resp.port,
+        ),
+    };
+    if let Some(code) = code.err() {
+        return Err(Error::broker(
+            code,
+            format!("FindCoordinator for group {group}"),
+            None,
+        ));
+    }
+    pool.add_node(node, format!("{host}:{port}"));
+    let conn = pool.get(ConnKey::Coordinator(node)).await?;
+    let v = conn.version(versions::OFFSET_FETCH)?;
+    let mut by_topic: BTreeMap<Arc<str>, Vec<i32>> = BTreeMap::new();
+    for tp in &tps {
+        by_topic
+            .entry(Arc::clone(&tp.topic))
+            .or_default()
+            .push(tp.partition);
+    }
+    let group_id = GroupId(StrBytes::from_string(group.to_owned()));
+    let mut req = OffsetFetchRequest::default().with_require_stable(true);
+    if v >= 8 {
+        req.groups = vec![
+            OffsetFetchRequestGroup::default()
+                .with_group_id(group_id)
+                .with_member_epoch(-1)
+                .with_topics(Some(
+                    by_topic
+                        .iter()
+                        .map(|(t, ps)| {
+                            OffsetFetchRequestTopics::default()
+                                .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                                .with_partition_indexes(ps.clone())
+                        })
+                        .collect(),
+                )),
+        ];
+    } else {
+        req.group_id = group_id;
+        req.topics = Some(
+            by_topic
+                .iter()
+                .map(|(t, ps)| {
+                    kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_partition_indexes(ps.clone())
+                })
+                .collect(),
+        );
+    }
+    let resp = conn.request(&req, v, Duration::ZERO).await?;
+    let mut out: Committed = tps.iter().map(|tp| (tp.clone(), None)).collect();
+    let mut put = |topic: &str, partition: i32, offset: i64, code: i16| -> Result<()> {
+        if let Some(code) = code.err() {
+            return Err(Error::broker(
+                code,
+                format!("OffsetFetch of {topic}-{partition} for group {group}"),
+                None,
+            ));
+        }
+        if let Some(slot) = out.get_mut(&TopicPartition::new(topic, partition)) {
+            *slot = (offset >= 0).then_some(offset);
+        }
+        Ok(())
+    };
+    if v >= 8 {
+        for g in &resp.groups {
+            if let Some(code) = g.error_code.err() {
+                return Err(Error::broker(
+                    code,
+                    format!("OffsetFetch for group {group}"),
+                    None,
+                ));
+            }
+            for t in &g.topics {
+                for p in &t.partitions {
+                    put(
+                        t.name.0.as_str(),
+                        p.partition_index,
+                        p.committed_offset,
+                        p.error_code,
+                    )?;
+                }
+            }
+        }
+    } else {
+        if let Some(code) = resp.error_code.err() {
+            return Err(Error::broker(
+                code,
+                format!("OffsetFetch for group {group}"),
+                None,
+            ));
+        }
+        for t in &resp.topics {
+            for p in &t.partitions {
+                put(
+                    t.name.0.as_str(),
+                    p.partition_index,
+                    p.committed_offset,
+                    p.error_code,
+                )?;
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,622 @@
+//! The commit state machine: one commit in flight per group, a deadline per commit,
+//! coordinator discovery that never caches a failure, and exactly one outcome per commit.
+//!
+//! ```text
+//!  offer ──► next ──► current: NeedCoordinator ─► Finding ─► Ready ─► InFlight ─► Acked
+//!              │            ▲   (FindCoordinator)            │          │       Failed
+//!              │            └──── NOT_COORDINATOR, I/O ──────┴──────────┘       TimedOut
+//!              └── a newer offer replaces `next` (and a `current` not yet sent): Superseded
+//! ```
+//!
+//! Commits use generation -1 and no member id: the consumer is not a group member (as Flink's
+//! sources), so the broker accepts them while the group has no live members.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::{
+    FindCoordinatorRequest, FindCoordinatorResponse, GroupId, OffsetCommitRequest,
+    OffsetCommitResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::checkpoint::{CommitRequest, Offsets, Outcome};
+use crate::error::Error;
+use crate::types::TopicPartition;
+
+/// What the driver must do next.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Ask any broker for the group coordinator (request id for matching the answer).
+    FindCoordinator(u64),
+    /// Send this commit to the coordinator node.
+    Commit {
+        seq: u64,
+        node: i32,
+        request: OffsetCommitRequest,
+    },
+}
+
+/// A finished commit.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub(crate) request: CommitRequest,
+    pub(crate) outcome: Outcome,
+    /// Partitions the coordinator stored (all of them when acked).
+    pub(crate) stored: Vec<(TopicPartition, i64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Needs a coordinator; may look one up from `not_before` on.
+    NeedCoordinator { not_before: Instant },
+    /// A FindCoordinator request is out.
+    Finding { seq: u64 },
+    /// Can be sent from `not_before` on.
+    Ready { not_before: Instant },
+    /// The OffsetCommit is out.
+    InFlight { seq: u64 },
+}
+
+#[derive(Debug)]
+struct Current {
+    request: CommitRequest,
+    deadline: Instant,
+    phase: Phase,
+}
+
+/// The commit state machine of one group.
+#[derive(Debug)]
+pub(crate) struct Committer {
+    group: GroupId,
+    timeout: Duration,
+    retry_backoff: Duration,
+    coordinator: Option<i32>,
+    current: Option<Current>,
+    next: Option<CommitRequest>,
+    seq: u64,
+}
+
+impl Committer {
+    pub(crate) fn new(group: &str, timeout: Duration, retry_backoff: Duration) -> Self {
+        Self {
+            group: GroupId(StrBytes::from_string(group.to_owned())),
+            timeout,
+            retry_backoff,
+            coordinator: None,
+            current: None,
+            next: None,
+            seq: 0,
+        }
+    }
+
+    /// The coordinator in use, if known.
+    pub(crate) fn coordinator(&self) -> Option<i32> {
+        self.coordinator
+    }
+
+    /// True when nothing is pending or in flight.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.current.is_none() && self.next.is_none()
+    }
+
+    /// Queues a commit. Returns what it supersedes: the queued one, or the current one if that
+    /// was not sent yet (a retry must not go out with stale offsets).
+    pub(crate) fn offer(&mut self, request: CommitRequest) -> Option<CommitRequest> {
+        if let Some(cur) = self.current.as_mut()
+            && !matches!(cur.phase, Phase::InFlight { .. })
+        {
+            // Not on the wire: replace it outright, keeping its phase (a coordinator lookup
+            // under way still applies).
+            cur.deadline = request.created + self.timeout;
+            return Some(std::mem::replace(&mut cur.request, request));
+        }
+        self.next.replace(request)
+    }
+
+    /// The next request to send, if any is due at `now`.
+    pub(crate) fn poll_action(&mut self, now: Instant) -> Option<Action> {
+        if self.current.is_none() {
+            let request = self.next.take()?;
+            let phase = match self.coordinator {
+                Some(_) => Phase::Ready { not_before: now },
+                None => Phase::NeedCoordinator { not_before: now },
+            };
+            self.current = Some(Current {
+                deadline: request.created + self.timeout,
+                request,
+                phase,
+            });
+        }
+        let cur = self.current.as_mut()?;
+        match cur.phase {
+            Phase::NeedCoordinator { not_before } if now >= not_before => {
+                self.seq += 1;
+                cur.phase = Phase::Finding { seq: self.seq };
+                Some(Action::FindCoordinator(self.seq))
+            }
+            Phase::Ready { not_before } if now >= not_before => {
+                let Some(node) = self.coordinator else {
+                    cur.phase = Phase::NeedCoordinator { not_before: now };
+                    return self.poll_action(now);
+                };
+                self.seq += 1;
+                cur.phase = Phase::InFlight { seq: self.seq };
+                Some(Action::Commit {
+                    seq: self.seq,
+                    node,
+                    request: commit_request(&self.group, &cur.request.offsets),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// When the machine next needs attention without a response (a deadline or a backoff).
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        let cur = self.current.as_ref()?;
+        let phase_at = match cur.phase {
+            Phase::NeedCoordinator { not_before } | Phase::Ready { not_before } => Some(not_before),
+            _ => None,
+        };
+        Some(phase_at.map_or(cur.deadline, |t| t.min(cur.deadline)))
+    }
+
+    /// Ends the current commit if its deadline passed.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Option<Finished> {
+        let cur = self.current.as_ref()?;
+        if now < cur.deadline {
+            return None;
+        }
+        if matches!(cur.phase, Phase::InFlight { .. }) {
+            // A late answer would be for a request we no longer track; forget the coordinator
+            // so the next commit looks it up afresh.
+            self.coordinator = None;
+        }
+        let cur = self.current.take()?;
+        Some(Finished {
+            request: cur.request,
+            outcome: Outcome::TimedOut,
+            stored: Vec::new(),
+        })
+    }
+
+    /// Applies a FindCoordinator outcome: `(node, "host:port")` or an error.
+    pub(crate) fn handle_find_coordinator(
+        &mut self,
+        seq: u64,
+        now: Instant,
+        result: Result<FindCoordinatorResponse, Error>,
+    ) -> Result<Option<(i32, String)>, Box<Finished>> {
+        let Some(cur) = self.current.as_mut() else {
+            return Ok(None);
+        };
+        if cur.phase != (Phase::Finding { seq }) {
+            return Ok(None);
+        }
+        let backoff = Phase::NeedCoordinator {
+            not_before: now + self.retry_backoff,
+        };
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "FindCoordinator failed; retrying");
+                cur.phase = backoff;
+                return Ok(None);
+            }
+        };
+        // v4+ answers in `coordinators`, v3 in the top-level fields.
+        let (code, message, node, host, port) = match resp.coordinators.first() {
+            Some(c) => (
+                c.error_code,
+                c.error_message.clone(),
+                c.node_id.0,
+                c.host.clone(),
+                c.port,
+            ),
+            None => (
+                resp.error_code,
+                resp.error_message.clone(),
+                resp.node_id.0,
+                resp.host.clone(),
+                resp.port,
+            ),
+        };
+        if let Some(code) = code.err() {
+            if code.is_retriable() {
+                // COORDINATOR_NOT_AVAILABLE while __consumer_offsets is created, and friends.
+                cur.phase = backoff;
+                return Ok(None);
+            }
+            let Some(cur) = self.current.take() else {
+                return Ok(None);
+            };
+            return Err(Box::new(Finished {
+                request: cur.request,
+                outcome: Outcome::Failed(Error::broker(
+                    code,
+                    format!("FindCoordinator for group {}", self.group.0.as_str()),
+                    message.map(|m| m.to_string()),
+                )),
+                stored: Vec::new(),
+            }));
+        }
+        if node < 0 || port <= 0 {
+            cur.phase = backoff;
+            return Ok(None);
+        }
+        self.coordinator = Some(node);
+        cur.phase = Phase::Ready { not_before: now };
+        Ok(Some((node, format!("{}:{port}", host.as_str()))))
+    }
+
+    /// Applies an OffsetCommit outcome.
+    pub(crate) fn handle_commit(
+        &mut self,
+        seq: u64,
+        now: Instant,
+        result: Result<OffsetCommitResponse, Error>,
+    ) -> Option<Finished> {
+        let cur = self.current.as_mut()?;
+        if cur.phase != (Phase::InFlight { seq }) {
+            return None; // an answer after the commit timed out
+        }
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "OffsetCommit failed; finding the coordinator again");
+                self.coordinator = None;
+                cur.phase = Phase::NeedCoordinator {
+                    not_before: now + self.retry_backoff,
+                };
+                return None;
+            }
+        };
+        let mut stored = Vec::new();
+        let mut retry_coordinator = false;
+        let mut retry_later = false;
+        let mut fatal: Vec<(TopicPartition, ResponseError)> = Vec::new();
+        for (tp, (offset, _)) in cur.request.offsets.iter() {
+            let code = resp
+                .topics
+                .iter()
+                .filter(|t| t.name.0.as_str() == &*tp.topic)
+                .flat_map(|t| t.partitions.iter())
+                .find(|p| p.partition_index == tp.partition)
+                .map(|p| p.error_code);
+            match code.map(ParseResponseErrorCode::err) {
+                Some(None) => stored.push((tp.clone(), *offset)),
+                Some(Some(
+                    ResponseError::NotCoordinator
+                    | ResponseError::CoordinatorNotAvailable
+                    | ResponseError::RequestTimedOut,
+                )) => retry_coordinator = true,
+                Some(Some(
+                    ResponseError::CoordinatorLoadInProgress
+                    | ResponseError::UnknownTopicOrPartition,
+                )) => retry_later = true,
+                Some(Some(code)) => fatal.push((tp.clone(), code)),
+                None => fatal.push((tp.clone(), ResponseError::UnknownServerError)),
+            }
+        }
+        if fatal.is_empty() && (retry_coordinator || retry_later) && now < cur.deadline {
+            if retry_coordinator {
+                self.coordinator = None;
+                cur.phase = Phase::NeedCoordinator {
+                    not_before: now + self.retry_backoff,
+                };
+            } else {
+                cur.phase = Phase::Ready {
+                    not_before: now + self.retry_backoff,
+                };
+            }
+            return None;
+        }
+        let cur = self.current.take()?;
+        let outcome = if let Some((tp, code)) = fatal.first() {
+            let missing = fatal
+                .iter()
+                .filter(|(_, c)| *c == ResponseError::UnknownServerError)
+                .count();
+            Outcome::Failed(Error::broker(
+                *code,
+                format!(
+                    "OffsetCommit of group {} ({} of {} partitions refused, first {tp}{})",
+                    self.group.0.as_str(),
+                    fatal.len(),
+                    cur.request.offsets.len(),
+                    if missing > 0 {
+                        "; partitions missing from the response count as refused"
+                    } else {
+                        ""
+                    }
+                ),
+                Some(diagnosis(*code).to_owned()),
+            ))
+        } else if retry_coordinator || retry_later {
+            Outcome::TimedOut
+        } else {
+            Outcome::Acked
+        };
+        Some(Finished {
+            request: cur.request,
+            outcome,
+            stored,
+        })
+    }
+
+    /// Drops what is queued (at close, once the deadline for flushing passed).
+    pub(crate) fn take_all(&mut self) -> Vec<CommitRequest> {
+        let mut v: Vec<CommitRequest> =
+            self.current.take().map(|c| c.request).into_iter().collect();
+        v.extend(self.next.take());
+        v
+    }
+}
+
+/// What an application should know about a commit error.
+fn diagnosis(code: ResponseError) -> &'static str {
+    match code {
+        ResponseError::UnknownMemberId | ResponseError::IllegalGeneration => {
+            "the group has active members (a subscribe()-mode consumer uses this group.id); commits from a consumer that is not a member are refused while it has any: use a group.id of its own"
+        }
+        ResponseError::GroupAuthorizationFailed => "this client may not commit for the group",
+        ResponseError::TopicAuthorizationFailed => "this client may not read the topic",
+        ResponseError::OffsetMetadataTooLarge => {
+            "the commit metadata is larger than offset.metadata.max.bytes"
+        }
+        ResponseError::InvalidGroupId => "the group id is not valid",
+        ResponseError::UnknownServerError => {
+            "the coordinator's answer did not cover every partition"
+        }
+        _ => "the coordinator refused the commit",
+    }
+}
+
+/// The OffsetCommit request for these offsets, sent without group membership.
+pub(crate) fn commit_request(group: &GroupId, offsets: &Arc<Offsets>) -> OffsetCommitRequest {
+    let mut topics: Vec<OffsetCommitRequestTopic> = Vec::new();
+    for (tp, (offset, epoch)) in offsets.iter() {
+        let p = OffsetCommitRequestPartition::default()
+            .with_partition_index(tp.partition)
+            .with_committed_offset(*offset)
+            .with_committed_leader_epoch(*epoch);
+        match topics
+            .last_mut()
+            .filter(|t| t.name.0.as_str() == &*tp.topic)
+        {
+            Some(t) => t.partitions.push(p),
+            None => topics.push(
+                OffsetCommitRequestTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(tp.topic.to_string())))
+                    .with_partitions(vec![p]),
+            ),
+        }
+    }
+    OffsetCommitRequest::default()
+        .with_group_id(group.clone())
+        .with_generation_id_or_member_epoch(-1)
+        .with_member_id(StrBytes::from_static_str(""))
+        .with_topics(topics)
+}
+
+/// The FindCoordinator request for a group, at `version` (v3: `key`, v4+: `coordinator_keys`).
+pub(crate) fn find_coordinator_request(group: &str, version: i16) -> FindCoordinatorRequest {
+    let key = StrBytes::from_string(group.to_owned());
+    let req = FindCoordinatorRequest::default().with_key_type(0);
+    if version >= 4 {
+        req.with_coordinator_keys(vec![key])
+    } else {
+        req.with_key(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::BrokerId;
+    use kafka_protocol::messages::find_coordinator_response::Coordinator;
+    use kafka_protocol::messages::offset_commit_response::{
+        OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+    };
+
+    fn req(n: i64, created: Instant) -> CommitRequest {
+        CommitRequest {
+            checkpoint_id: Some(n as u64),
+            offsets: Arc::new(
+                [
+                    (TopicPartition::new("t", 0), (n, 0)),
+                    (TopicPartition::new("t", 1), (n, 0)),
+                ]
+                .into_iter()
+                .collect(),
+            ),
+            created,
+        }
+    }
+
+    fn found(node: i32) -> Result<FindCoordinatorResponse, Error> {
+        Ok(FindCoordinatorResponse::default().with_coordinators(vec![
+            Coordinator::default()
+                .with_node_id(BrokerId(node))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(9092),
+        ]))
+    }
+
+    fn answer(codes: &[(i32, ResponseError)]) -> Result<OffsetCommitResponse, Error> {
+        let parts = (0..2)
+            .map(|p| {
+                let code = codes.iter().find(|c| c.0 == p).map_or(0, |c| c.1.code());
+                OffsetCommitResponsePartition::default()
+                    .with_partition_index(p)
+                    .with_error_code(code)
+            })
+            .collect();
+        Ok(OffsetCommitResponse::default().with_topics(vec![
+            OffsetCommitResponseTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(parts),
+        ]))
+    }
+
+    fn committer() -> Committer {
+        Committer::new("g", Duration::from_secs(10), Duration::from_millis(100))
+    }
+
+    fn expect_find(c: &mut Committer, now: Instant) -> u64 {
+        match c.poll_action(now) {
+            Some(Action::FindCoordinator(seq)) => seq,
+            other => panic!("expected FindCoordinator, got {other:?}"),
+        }
+    }
+
+    fn expect_commit(c: &mut Committer, now: Instant) -> (u64, i32, OffsetCommitRequest) {
+        match c.poll_action(now) {
+            Some(Action::Commit { seq, node, request }) => (seq, node, request),
+            other => panic!("expected Commit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn happy_path_then_coordinator_is_reused() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        assert!(c.offer(req(1, t0)).is_none());
+        let f = expect_find(&mut c, t0);
+        assert_eq!(
+            c.handle_find_coordinator(f, t0, found(2)).unwrap(),
+            Some((2, "127.0.0.1:9092".into()))
+        );
+        let (seq, node, r) = expect_commit(&mut c, t0);
+        assert_eq!(node, 2);
+        assert_eq!(r.generation_id_or_member_epoch, -1);
+        assert_eq!(r.topics[0].partitions.len(), 2);
+        assert!(c.poll_action(t0).is_none(), "one commit in flight at most");
+        let done = c.handle_commit(seq, t0, answer(&[])).unwrap();
+        assert!(matches!(done.outcome, Outcome::Acked));
+        assert_eq!(done.stored.len(), 2);
+        assert!(c.is_idle());
+        c.offer(req(2, t0));
+        expect_commit(&mut c, t0); // no lookup: the coordinator is known
+    }
+
+    #[test]
+    fn queued_commit_is_superseded_while_one_is_in_flight() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.coordinator = Some(1);
+        c.offer(req(1, t0));
+        let (seq, _, _) = expect_commit(&mut c, t0);
+        assert!(c.offer(req(2, t0)).is_none());
+        let old = c.offer(req(3, t0)).unwrap();
+        assert_eq!(old.checkpoint_id, Some(2));
+        assert!(c.poll_action(t0).is_none());
+        c.handle_commit(seq, t0, answer(&[])).unwrap();
+        let (_, _, r) = expect_commit(&mut c, t0);
+        assert_eq!(r.topics[0].partitions[0].committed_offset, 3);
+    }
+
+    #[test]
+    fn not_coordinator_rediscovers_and_failed_lookup_is_not_cached() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.coordinator = Some(1);
+        c.offer(req(1, t0));
+        let (seq, _, _) = expect_commit(&mut c, t0);
+        assert!(
+            c.handle_commit(seq, t0, answer(&[(0, ResponseError::NotCoordinator)]))
+                .is_none()
+        );
+        assert_eq!(c.coordinator(), None);
+        assert!(c.poll_action(t0).is_none(), "backs off first");
+        let t1 = t0 + Duration::from_millis(100);
+        let f = expect_find(&mut c, t1);
+        // A failed lookup is retried, never cached.
+        let not_available = Ok(FindCoordinatorResponse::default().with_coordinators(vec![
+            Coordinator::default().with_error_code(ResponseError::CoordinatorNotAvailable.code()),
+        ]));
+        assert_eq!(
+            c.handle_find_coordinator(f, t1, not_available).unwrap(),
+            None
+        );
+        assert_eq!(c.coordinator(), None);
+        let t2 = t1 + Duration::from_millis(100);
+        let f = expect_find(&mut c, t2);
+        c.handle_find_coordinator(f, t2, found(3)).unwrap();
+        let (seq, node, _) = expect_commit(&mut c, t2);
+        assert_eq!(node, 3);
+        assert!(matches!(
+            c.handle_commit(seq, t2, answer(&[])).unwrap().outcome,
+            Outcome::Acked
+        ));
+    }
+
+    #[test]
+    fn deadline_times_out_and_late_answer_is_ignored() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.coordinator = Some(1);
+        c.offer(req(1, t0));
+        let (seq, _, _) = expect_commit(&mut c, t0);
+        assert!(c.handle_timeout(t0 + Duration::from_secs(9)).is_none());
+        let done = c.handle_timeout(t0 + Duration::from_secs(10)).unwrap();
+        assert!(matches!(done.outcome, Outcome::TimedOut));
+        assert!(c.handle_commit(seq, t0, answer(&[])).is_none());
+        assert!(c.is_idle());
+    }
+
+    #[test]
+    fn fatal_codes_fail_with_a_diagnosis() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.coordinator = Some(1);
+        c.offer(req(1, t0));
+        let (seq, _, _) = expect_commit(&mut c, t0);
+        let done = c
+            .handle_commit(seq, t0, answer(&[(1, ResponseError::UnknownMemberId)]))
+            .unwrap();
+        match done.outcome {
+            Outcome::Failed(e) => {
+                assert_eq!(e.kafka_code(), Some(ResponseError::UnknownMemberId));
+                assert!(e.to_string().contains("active members"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(done.stored, vec![(TopicPartition::new("t", 0), 1)]);
+    }
+
+    #[test]
+    fn missing_partitions_in_the_answer_are_failures() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.coordinator = Some(1);
+        c.offer(req(1, t0));
+        let (seq, _, _) = expect_commit(&mut c, t0);
+        let done = c
+            .handle_commit(seq, t0, Ok(OffsetCommitResponse::default()))
+            .unwrap();
+        assert!(matches!(done.outcome, Outcome::Failed(_)));
+        assert!(done.stored.is_empty());
+    }
+
+    #[test]
+    fn a_commit_waiting_to_retry_is_replaced_not_retried_with_stale_offsets() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.offer(req(1, t0));
+        let f = expect_find(&mut c, t0);
+        c.handle_find_coordinator(f, t0, Err(Error::Closed))
+            .unwrap();
+        let old = c.offer(req(2, t0)).unwrap();
+        assert_eq!(old.checkpoint_id, Some(1));
+        let f = expect_find(&mut c, t0 + Duration::from_millis(100));
+        c.handle_find_coordinator(f, t0, found(1)).unwrap();
+        let (_, _, r) = expect_commit(&mut c, t0);
+        assert_eq!(r.topics[0].partitions[0].committed_offset, 2);
+    }
+}

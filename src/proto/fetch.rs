@@ -1,0 +1,799 @@
+//! The fetch path's state machine: per-partition positions, start-position resolution
+//! (ListOffsets), fetch planning, and interpretation of Fetch responses.
+//!
+//! Sans-IO: the driver asks for plans (`plan_*`), sends them, and feeds the outcomes back
+//! (`handle_*`) together with `now`. Nothing here reads a clock or touches a socket.
+//!
+//! Rules this module keeps:
+//! - at most one fetch in flight per leader, and a partition in at most one request at a time;
+//! - the next position after a batch is `baseOffset + lastOffsetDelta + 1`, so empty
+//!   (compacted) batches and control batches still move the position;
+//! - a response ending in a partial batch hands out only the complete batches before it;
+//! - a response for a partition whose position or seek generation changed meanwhile is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{
+    BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
+
+use crate::config::{IsolationLevel, OffsetReset};
+use crate::error::{Error, ProtocolViolation};
+use crate::proto::metadata::Metadata;
+use crate::proto::records::BatchIter;
+use crate::proto::recovery::{FetchRecovery, fetch_recovery};
+use crate::types::{StartPosition, TopicPartition};
+
+/// Fetch settings, taken from the consumer configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct FetchConfig {
+    pub(crate) max_wait_ms: i32,
+    pub(crate) min_bytes: i32,
+    pub(crate) max_bytes: i32,
+    pub(crate) partition_max_bytes: i32,
+    pub(crate) isolation: IsolationLevel,
+    pub(crate) reset: OffsetReset,
+    pub(crate) restore_reset: OffsetReset,
+    pub(crate) retry_backoff: Duration,
+}
+
+/// A partition's read position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Position {
+    /// Waiting for ListOffsets to turn a start position into an offset.
+    Unresolved(StartPosition),
+    /// The next offset to fetch.
+    Fetching(i64),
+    /// Stopped after an error that was reported; a seek restarts it.
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+struct PartitionState {
+    position: Position,
+    /// What to do when the position is out of range (differs for restored partitions).
+    reset: OffsetReset,
+    /// Seek generation, chosen by the consumer; data of an older generation is stale.
+    generation: u64,
+    /// The offset this generation started at, once resolved.
+    start: Option<i64>,
+    paused: bool,
+    in_flight: bool,
+    retry_at: Option<Instant>,
+    failures: u32,
+    /// Put this partition first in its next fetch: its next batch did not fit.
+    first: bool,
+    high_watermark: i64,
+    last_stable_offset: i64,
+    log_start_offset: i64,
+}
+
+impl PartitionState {
+    fn new(start: StartPosition, generation: u64, reset: OffsetReset) -> Self {
+        let (position, start) = match start {
+            StartPosition::Offset(o) => (Position::Fetching(o), Some(o)),
+            other => (Position::Unresolved(other), None),
+        };
+        Self {
+            position,
+            reset,
+            generation,
+            start,
+            paused: false,
+            in_flight: false,
+            retry_at: None,
+            failures: 0,
+            first: false,
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+        }
+    }
+
+    fn ready(&self, now: Instant) -> bool {
+        !self.paused && !self.in_flight && self.retry_at.is_none_or(|t| t <= now)
+    }
+
+    fn back_off(&mut self, now: Instant, base: Duration) {
+        self.failures = self.failures.saturating_add(1);
+        let factor = 1u32 << self.failures.min(5);
+        self.retry_at = Some(now + (base * factor).min(Duration::from_secs(2)));
+    }
+}
+
+/// Fetched data of one partition, for the consumer to decode and hand out.
+#[derive(Clone, Debug)]
+pub(crate) struct Chunk {
+    pub(crate) tp: TopicPartition,
+    pub(crate) generation: u64,
+    /// The position the fetch asked for: records below it are not handed out.
+    pub(crate) fetch_offset: i64,
+    /// Complete record batches, a zero-copy slice of the response.
+    pub(crate) records: Bytes,
+    /// The position after these batches.
+    pub(crate) next_offset: i64,
+    /// Aborted transactions, for `read_committed` filtering: `(producer id, first offset)`.
+    pub(crate) aborted: Vec<(i64, i64)>,
+}
+
+/// Something the consumer must learn.
+#[derive(Debug)]
+pub(crate) enum FetchEvent {
+    /// Data to hand out.
+    Chunk(Chunk),
+    /// A partition failed; it stays stopped until a seek.
+    Failed {
+        tp: TopicPartition,
+        generation: u64,
+        error: Error,
+    },
+}
+
+/// A ListOffsets request to one leader.
+#[derive(Clone, Debug)]
+pub(crate) struct ListPlan {
+    pub(crate) node: i32,
+    entries: Vec<ListEntry>,
+}
+
+#[derive(Clone, Debug)]
+struct ListEntry {
+    tp: TopicPartition,
+    generation: u64,
+    leader_epoch: i32,
+    timestamp: i64,
+}
+
+/// A Fetch request to one leader.
+#[derive(Clone, Debug)]
+pub(crate) struct FetchPlan {
+    pub(crate) node: i32,
+    entries: Vec<FetchEntry>,
+    pub(crate) max_bytes: i32,
+}
+
+#[derive(Clone, Debug)]
+struct FetchEntry {
+    tp: TopicPartition,
+    topic_id: Uuid,
+    generation: u64,
+    offset: i64,
+    leader_epoch: i32,
+}
+
+/// Outcome of handling a response.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    pub(crate) events: Vec<FetchEvent>,
+    /// Leadership may have moved: refresh metadata soon.
+    pub(crate) refresh_metadata: bool,
+}
+
+/// All assigned partitions and their positions.
+#[derive(Debug)]
+pub(crate) struct FetchState {
+    cfg: Arc<FetchConfig>,
+    parts: HashMap<TopicPartition, PartitionState>,
+    /// Rotates the order of partitions in requests, so none is always last.
+    rotation: usize,
+}
+
+impl FetchState {
+    pub(crate) fn new(cfg: FetchConfig) -> Self {
+        Self {
+            cfg: Arc::new(cfg),
+            parts: HashMap::new(),
+            rotation: 0,
+        }
+    }
+
+    /// Replaces the assignment. Partitions kept keep their state unless their generation
+    /// changed.
+    /// `restored` partitions use the restore policy for out-of-range offsets instead of
+    /// `auto.offset.reset`.
+    pub(crate) fn assign(
+        &mut self,
+        list: Vec<(TopicPartition, StartPosition, u64)>,
+        restored: bool,
+    ) {
+        let reset = if restored {
+            self.cfg.restore_reset
+        } else {
+            self.cfg.reset
+        };
+        let mut next = HashMap::with_capacity(list.len());
+        for (tp, start, generation) in list {
+            let state = match self.parts.remove(&tp) {
+                Some(s) if s.generation == generation => s,
+                _ => PartitionState::new(start, generation, reset),
+            };
+            next.insert(tp, state);
+        }
+        self.parts = next;
+    }
+
+    /// Moves a partition to a new start position under a new generation.
+    pub(crate) fn seek(
+        &mut self,
+        tp: &TopicPartition,
+        start: StartPosition,
+        generation: u64,
+    ) -> bool {
+        let reset = self.cfg.reset;
+        let Some(s) = self.parts.get_mut(tp) else {
+            return false;
+        };
+        let in_flight = s.in_flight;
+        let paused = s.paused;
+        *s = PartitionState::new(start, generation, reset);
+        s.in_flight = in_flight;
+        s.paused = paused;
+        true
+    }
+
+    /// Stops or restarts fetching a partition.
+    pub(crate) fn set_paused(&mut self, tp: &TopicPartition, paused: bool) {
+        if let Some(s) = self.parts.get_mut(tp) {
+            s.paused = paused;
+        }
+    }
+
+    /// The start offset of a partition's current generation, once resolved.
+    pub(crate) fn start_offset(&self, tp: &TopicPartition) -> Option<Result<i64, ()>> {
+        let s = self.parts.get(tp)?;
+        match (s.start, s.position) {
+            (Some(o), _) => Some(Ok(o)),
+            (None, Position::Failed) => Some(Err(())),
+            (None, _) => None,
+        }
+    }
+
+    /// True if the partition is assigned.
+    pub(crate) fn is_assigned(&self, tp: &TopicPartition) -> bool {
+        self.parts.contains_key(tp)
+    }
+
+    /// The assigned topics.
+    pub(crate) fn topics(&self) -> Vec<Arc<str>> {
+        let set: HashSet<&Arc<str>> = self.parts.keys().map(|tp| &tp.topic).collect();
+        let mut v: Vec<Arc<str>> = set.into_iter().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// The earliest time a backed-off partition becomes ready again.
+    pub(crate) fn next_retry(&self) -> Option<Instant> {
+        self.parts
+            .values()
+            .filter(|s| !s.in_flight)
+            .filter_map(|s| s.retry_at)
+            .min()
+    }
+
+    /// True if some assigned, unpaused partition has no known leader.
+    pub(crate) fn needs_metadata(&self, meta: &Metadata) -> bool {
+        self.parts.iter().any(|(tp, s)| {
+            !s.paused
+                && !matches!(s.position, Position::Failed)
+                && meta.leader(&tp.topic, tp.partition).is_none()
+        })
+    }
+
+    /// ListOffsets requests for partitions whose start position is unresolved.
+    pub(crate) fn plan_list_offsets(&mut self, now: Instant, meta: &Metadata) -> Vec<ListPlan> {
+        let mut by_node: HashMap<i32, Vec<ListEntry>> = HashMap::new();
+        for (tp, s) in &mut self.parts {
+            let Position::Unresolved(start) = s.position else {
+                continue;
+            };
+            if !s.ready(now) {
+                continue;
+            }
+            let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
+                continue;
+            };
+            let timestamp = match start {
+                StartPosition::Earliest => -2,
+                StartPosition::Latest => -1,
+                StartPosition::Timestamp(ts) => ts.max(0),
+                StartPosition::Offset(_) => continue,
+            };
+            s.in_flight = true;
+            by_node.entry(leader.node).or_default().push(ListEntry {
+                tp: tp.clone(),
+                generation: s.generation,
+                leader_epoch: leader.epoch,
+                timestamp,
+            });
+        }
+        by_node
+            .into_iter()
+            .map(|(node, entries)| ListPlan { node, entries })
+            .collect()
+    }
+
+    /// The ListOffsets request for a plan.
+    pub(crate) fn list_offsets_request(&self, plan: &ListPlan) -> ListOffsetsRequest {
+        let mut topics: Vec<ListOffsetsTopic> = Vec::new();
+        for e in &plan.entries {
+            let p = ListOffsetsPartition::default()
+                .with_partition_index(e.tp.partition)
+                .with_current_leader_epoch(e.leader_epoch)
+                .with_timestamp(e.timestamp);
+            match topics
+                .iter_mut()
+                .find(|t| t.name.0.as_str() == &*e.tp.topic)
+            {
+                Some(t) => t.partitions.push(p),
+                None => topics.push(
+                    ListOffsetsTopic::default()
+                        .with_name(topic_name(&e.tp.topic))
+                        .with_partitions(vec![p]),
+                ),
+            }
+        }
+        ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_isolation_level(self.cfg.isolation.as_i8())
+            .with_topics(topics)
+    }
+
+    /// Applies a ListOffsets outcome.
+    pub(crate) fn handle_list_offsets(
+        &mut self,
+        plan: ListPlan,
+        result: Result<ListOffsetsResponse, Error>,
+        now: Instant,
+    ) -> Outcome {
+        let mut out = Outcome::default();
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(node = plan.node, error = %e, "ListOffsets failed");
+                let backoff = self.cfg.retry_backoff;
+                for entry in &plan.entries {
+                    if let Some(s) = self.current(&entry.tp, entry.generation) {
+                        s.in_flight = false;
+                        s.back_off(now, backoff);
+                    }
+                }
+                out.refresh_metadata = true;
+                return out;
+            }
+        };
+        for entry in plan.entries {
+            let retry_backoff = self.cfg.retry_backoff;
+            let Some(s) = self.current(&entry.tp, entry.generation) else {
+                if let Some(s) = self.parts.get_mut(&entry.tp) {
+                    s.in_flight = false;
+                }
+                continue;
+            };
+            s.in_flight = false;
+            let found = resp
+                .topics
+                .iter()
+                .filter(|t| t.name.0.as_str() == &*entry.tp.topic)
+                .flat_map(|t| t.partitions.iter())
+                .find(|p| p.partition_index == entry.tp.partition);
+            let Some(p) = found else {
+                s.back_off(now, retry_backoff);
+                continue;
+            };
+            if let Some(code) = p.error_code.err() {
+                match fetch_recovery(code) {
+                    FetchRecovery::Fatal => {
+                        s.position = Position::Failed;
+                        out.events.push(FetchEvent::Failed {
+                            tp: entry.tp.clone(),
+                            generation: entry.generation,
+                            error: Error::broker(
+                                code,
+                                format!("ListOffsets for {}", entry.tp),
+                                None,
+                            ),
+                        });
+                    }
+                    FetchRecovery::RefreshMetadata | FetchRecovery::OutOfRange => {
+                        out.refresh_metadata = true;
+                        s.back_off(now, retry_backoff);
+                    }
+                    FetchRecovery::Backoff => s.back_off(now, retry_backoff),
+                }
+                continue;
+            }
+            if p.offset < 0 {
+                // A timestamp after every record: start at the end, as documented.
+                s.position = Position::Unresolved(StartPosition::Latest);
+                continue;
+            }
+            s.failures = 0;
+            s.retry_at = None;
+            s.position = Position::Fetching(p.offset);
+            s.start = Some(p.offset);
+        }
+        out
+    }
+
+    /// Fetch requests, one per leader not in `busy`, within `budget` bytes in total.
+    pub(crate) fn plan_fetches(
+        &mut self,
+        now: Instant,
+        meta: &Metadata,
+        busy: &HashSet<i32>,
+        mut budget: usize,
+    ) -> Vec<FetchPlan> {
+        let mut keys: Vec<&TopicPartition> = self.parts.keys().collect();
+        keys.sort();
+        if !keys.is_empty() {
+            let r = self.rotation % keys.len();
+            keys.rotate_left(r);
+        }
+        self.rotation = self.rotation.wrapping_add(1);
+        let mut by_node: HashMap<i32, Vec<(bool, FetchEntry)>> = HashMap::new();
+        for tp in keys {
+            let Some(s) = self.parts.get(tp) else {
+                continue;
+            };
+            let Position::Fetching(offset) = s.position else {
+                continue;
+            };
+            if !s.ready(now) {
+                continue;
+            }
+            let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
+                continue;
+            };
+            if busy.contains(&leader.node) {
+                continue;
+            }
+            let Some(topic_id) = meta.topic(&tp.topic).map(|t| t.id) else {
+                continue;
+            };
+            by_node.entry(leader.node).or_default().push((
+                s.first,
+                FetchEntry {
+                    tp: tp.clone(),
+                    topic_id,
+                    generation: s.generation,
+                    offset,
+                    leader_epoch: leader.epoch,
+                },
+            ));
+        }
+        let mut plans = Vec::new();
+        let mut nodes: Vec<i32> = by_node.keys().copied().collect();
+        nodes.sort_unstable();
+        for node in nodes {
+            if budget == 0 {
+                break;
+            }
+            let Some(mut entries) = by_node.remove(&node) else {
+                continue;
+            };
+            // Partitions whose next batch did not fit go first: the broker always returns
+            // the first partition's first batch whole (KIP-74).
+            entries.sort_by_key(|(first, _)| !*first);
+            let max_bytes = budget.min(self.cfg.max_bytes as usize);
+            budget -= max_bytes;
+            let entries: Vec<FetchEntry> = entries.into_iter().map(|(_, e)| e).collect();
+            for e in &entries {
+                if let Some(s) = self.parts.get_mut(&e.tp) {
+                    s.in_flight = true;
+                }
+            }
+            plans.push(FetchPlan {
+                node,
+                entries,
+                max_bytes: i32::try_from(max_bytes).unwrap_or(i32::MAX),
+            });
+        }
+        plans
+    }
+
+    /// The settings requests are built with.
+    pub(crate) fn config(&self) -> Arc<FetchConfig> {
+        Arc::clone(&self.cfg)
+    }
+
+    /// The Fetch request for a plan at `version` (v12 addresses topics by name, v13+ by id).
+    pub(crate) fn fetch_request(cfg: &FetchConfig, plan: &FetchPlan, version: i16) -> FetchRequest {
+        let by_id = version >= 13;
+        let mut topics: Vec<FetchTopic> = Vec::new();
+        for e in &plan.entries {
+            let p = FetchPartition::default()
+                .with_partition(e.tp.partition)
+                .with_current_leader_epoch(e.leader_epoch)
+                .with_fetch_offset(e.offset)
+                .with_partition_max_bytes(cfg.partition_max_bytes);
+            let same = |t: &FetchTopic| {
+                if by_id {
+                    t.topic_id == e.topic_id
+                } else {
+                    t.topic.0.as_str() == &*e.tp.topic
+                }
+            };
+            match topics.last_mut().filter(|t| same(t)) {
+                Some(t) => t.partitions.push(p),
+                None => {
+                    let mut t = FetchTopic::default().with_partitions(vec![p]);
+                    if by_id {
+                        t.topic_id = e.topic_id;
+                    } else {
+                        t.topic = topic_name(&e.tp.topic);
+                    }
+                    topics.push(t);
+                }
+            }
+        }
+        FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(cfg.max_wait_ms)
+            .with_min_bytes(cfg.min_bytes)
+            .with_max_bytes(plan.max_bytes)
+            .with_isolation_level(cfg.isolation.as_i8())
+            // Sessionless full fetches: the broker keeps no per-consumer session state.
+            .with_session_id(0)
+            .with_session_epoch(-1)
+            .with_topics(topics)
+    }
+
+    fn current(&mut self, tp: &TopicPartition, generation: u64) -> Option<&mut PartitionState> {
+        self.parts
+            .get_mut(tp)
+            .filter(|s| s.generation == generation)
+    }
+
+    /// Applies a Fetch outcome.
+    pub(crate) fn handle_fetch(
+        &mut self,
+        plan: FetchPlan,
+        result: Result<FetchResponse, Error>,
+        now: Instant,
+    ) -> Outcome {
+        let mut out = Outcome::default();
+        for e in &plan.entries {
+            if let Some(s) = self.parts.get_mut(&e.tp) {
+                s.in_flight = false;
+            }
+        }
+        let resp = match result {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::debug!(node = plan.node, error = %err, "fetch failed");
+                let backoff = self.cfg.retry_backoff;
+                for e in &plan.entries {
+                    if let Some(s) = self.current(&e.tp, e.generation) {
+                        s.back_off(now, backoff);
+                    }
+                }
+                out.refresh_metadata = true;
+                return out;
+            }
+        };
+        if let Some(code) = resp.error_code.err() {
+            tracing::debug!(node = plan.node, ?code, "fetch failed at the top level");
+            let backoff = self.cfg.retry_backoff;
+            for e in &plan.entries {
+                if let Some(s) = self.current(&e.tp, e.generation) {
+                    s.back_off(now, backoff);
+                }
+            }
+            out.refresh_metadata = matches!(fetch_recovery(code), FetchRecovery::RefreshMetadata);
+            return out;
+        }
+        for topic in resp.responses {
+            for p in topic.partitions {
+                let entry = plan.entries.iter().find(|e| {
+                    e.tp.partition == p.partition_index
+                        && (e.topic_id == topic.topic_id && !topic.topic_id.is_nil()
+                            || topic.topic_id.is_nil() && topic.topic.0.as_str() == &*e.tp.topic)
+                });
+                let Some(entry) = entry else {
+                    tracing::debug!(
+                        partition = p.partition_index,
+                        "fetch response for a partition we did not ask for"
+                    );
+                    continue;
+                };
+                self.handle_partition(entry, p, now, &mut out);
+            }
+        }
+        out
+    }
+
+    fn handle_partition(
+        &mut self,
+        entry: &FetchEntry,
+        p: kafka_protocol::messages::fetch_response::PartitionData,
+        now: Instant,
+        out: &mut Outcome,
+    ) {
+        let cfg_backoff = self.cfg.retry_backoff;
+        let Some(s) = self.current(&entry.tp, entry.generation) else {
+            return; // re-assigned or seeked meanwhile
+        };
+        let reset = s.reset;
+        if s.position != Position::Fetching(entry.offset) {
+            return; // stale
+        }
+        if p.high_watermark >= 0 {
+            s.high_watermark = p.high_watermark;
+        }
+        if p.last_stable_offset >= 0 {
+            s.last_stable_offset = p.last_stable_offset;
+        }
+        if p.log_start_offset >= 0 {
+            s.log_start_offset = p.log_start_offset;
+        }
+        if let Some(code) = p.error_code.err() {
+            match fetch_recovery(code) {
+                FetchRecovery::OutOfRange => match reset {
+                    OffsetReset::Earliest => {
+                        tracing::info!(tp = %entry.tp, offset = entry.offset, "offset out of range; resetting to earliest");
+                        s.position = Position::Unresolved(StartPosition::Earliest);
+                    }
+                    OffsetReset::Latest => {
+                        tracing::info!(tp = %entry.tp, offset = entry.offset, "offset out of range; resetting to latest");
+                        s.position = Position::Unresolved(StartPosition::Latest);
+                    }
+                    OffsetReset::Error => {
+                        s.position = Position::Failed;
+                        out.events.push(FetchEvent::Failed {
+                            tp: entry.tp.clone(),
+                            generation: entry.generation,
+                            error: Error::OffsetOutOfRange {
+                                partition: entry.tp.clone(),
+                                offset: entry.offset,
+                                log_start: s.log_start_offset,
+                                log_end: s.high_watermark,
+                            },
+                        });
+                    }
+                },
+                FetchRecovery::RefreshMetadata => {
+                    s.back_off(now, cfg_backoff);
+                    out.refresh_metadata = true;
+                }
+                FetchRecovery::Backoff => s.back_off(now, cfg_backoff),
+                FetchRecovery::Fatal => {
+                    s.position = Position::Failed;
+                    out.events.push(FetchEvent::Failed {
+                        tp: entry.tp.clone(),
+                        generation: entry.generation,
+                        error: error_for(code, &entry.tp),
+                    });
+                }
+            }
+            return;
+        }
+        s.failures = 0;
+        let records = p.records.unwrap_or_default();
+        if records.is_empty() {
+            return;
+        }
+        let mut iter = BatchIter::new(records.clone());
+        let mut end = 0usize;
+        let mut next = entry.offset;
+        let mut error = None;
+        for item in iter.by_ref() {
+            match item {
+                Ok(batch) => {
+                    end += batch.as_bytes().len();
+                    next = next.max(batch.header().next_offset());
+                }
+                Err(v) => {
+                    error = Some(v);
+                    break;
+                }
+            }
+        }
+        let trailing = iter.remaining_bytes();
+        if end == 0 {
+            if let Some(v) = error {
+                s.position = Position::Failed;
+                out.events.push(FetchEvent::Failed {
+                    tp: entry.tp.clone(),
+                    generation: entry.generation,
+                    error: Error::CorruptRecords {
+                        partition: entry.tp.clone(),
+                        violation: v,
+                    },
+                });
+            } else if trailing > 0 {
+                if s.first {
+                    // Even first in the request the batch did not fit: it is larger than
+                    // every limit we fetch with.
+                    s.position = Position::Failed;
+                    out.events.push(FetchEvent::Failed {
+                        tp: entry.tp.clone(),
+                        generation: entry.generation,
+                        error: Error::CorruptRecords {
+                            partition: entry.tp.clone(),
+                            violation: ProtocolViolation::Batch {
+                                base_offset: entry.offset,
+                                reason: format!(
+                                    "the batch at the fetch position does not fit in the response ({trailing} bytes received)"
+                                ),
+                            },
+                        },
+                    });
+                } else {
+                    s.first = true;
+                }
+            }
+            return;
+        }
+        s.first = false;
+        // Complete batches before a malformed one are handed out; the error surfaces when the
+        // consumer reaches the bad batch, whose offset the position then stays at.
+        s.position = Position::Fetching(next);
+        let aborted = p
+            .aborted_transactions
+            .unwrap_or_default()
+            .iter()
+            .map(|a| (a.producer_id.0, a.first_offset))
+            .collect();
+        let chunk = Chunk {
+            tp: entry.tp.clone(),
+            generation: entry.generation,
+            fetch_offset: entry.offset,
+            records: records.slice(..end),
+            next_offset: next,
+            aborted,
+        };
+        out.events.push(FetchEvent::Chunk(chunk));
+        if let Some(v) = error {
+            // Stop after the good part; the bad batch is reported once the good part is out.
+            let bad_offset = next;
+            s.position = Position::Failed;
+            out.events.push(FetchEvent::Failed {
+                tp: entry.tp.clone(),
+                generation: entry.generation,
+                error: Error::CorruptRecords {
+                    partition: entry.tp.clone(),
+                    violation: match v {
+                        ProtocolViolation::Batch { reason, .. } => ProtocolViolation::Batch {
+                            base_offset: bad_offset,
+                            reason,
+                        },
+                        other => other,
+                    },
+                },
+            });
+        }
+    }
+
+    /// Stops a partition after the consumer found corrupt data in it.
+    pub(crate) fn fail(&mut self, tp: &TopicPartition, generation: u64) {
+        if let Some(s) = self.current(tp, generation) {
+            s.position = Position::Failed;
+        }
+    }
+
+    /// Marks every partition of a plan whose leader connection failed as needing a new leader.
+    pub(crate) fn leaders_of(plan: &FetchPlan) -> Vec<TopicPartition> {
+        plan.entries.iter().map(|e| e.tp.clone()).collect()
+    }
+}
+
+fn topic_name(t: &str) -> TopicName {
+    TopicName(StrBytes::from_string(t.to_owned()))
+}
+
+fn error_for(code: ResponseError, tp: &TopicPartition) -> Error {
+    match code {
+        ResponseError::UnknownTopicOrPartition | ResponseError::UnknownTopicId => {
+            Error::UnknownPartition(tp.clone())
+        }
+        _ => Error::broker(code, format!("fetch of {tp}"), None),
+    }
+}
