@@ -1,1 +1,15 @@
-//! Test support for kafka-source.
+//! Test support for kafka-source: real Apache Kafka brokers started from the Maven jars, the Kafka
+//! command-line tools, and a deterministic Java producer, for the live-broker tests in `tests/`.
+//!
+//! See [`cluster`] and this crate's README.
+
+pub mod cluster;
+mod java;
+mod lock;
+mod probe;
+mod records;
+mod tools;
+
+pub use cluster::{Cluster, Compression, LogsOnPanic, PartitionInfo, ProduceResult, ProduceSpec};
+pub use java::{kafka_libs, target_dir, test_root};
+pub use records::{expected_key, expected_value, record_checksum};
