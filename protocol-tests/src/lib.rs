@@ -4,6 +4,7 @@
 //! See [`cluster`] and this crate's README.
 
 pub mod cluster;
+pub mod consume;
 mod java;
 mod lock;
 mod probe;

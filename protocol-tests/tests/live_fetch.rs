@@ -1,0 +1,219 @@
+//! The fetch path against a real Apache Kafka broker started by the harness.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kafka_source::{Consumer, Error, OffsetReset, StartPosition, TopicPartition};
+use protocol_tests::consume::{config, drain};
+use protocol_tests::{Cluster, Compression, ProduceSpec};
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{nanos}")
+}
+
+fn partitions(topic: &str, n: i32) -> Vec<TopicPartition> {
+    (0..n).map(|p| TopicPartition::new(topic, p)).collect()
+}
+
+/// 1,000,000 records of 100 B over 3 partitions, produced by the Java producer with `codec`:
+/// every record consumed once, offsets contiguous per partition, checksum equal.
+async fn million(codec: Compression) {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique(&format!("million-{}", codec.as_str()));
+    cluster.create_topic(&topic, 3, 1, &[]);
+    let spec = ProduceSpec {
+        topic: &topic,
+        partitions: 3,
+        count: 1_000_000,
+        value_size: 100,
+        compression: codec,
+        ..ProduceSpec::default()
+    };
+    let produced = cluster.produce(&spec);
+    assert_eq!(produced.produced, 1_000_000);
+    assert_eq!(produced.checksum, spec.expected_checksum());
+
+    let cfg = config(&cluster.bootstrap()).build().unwrap();
+    let mut consumer = Consumer::new(cfg).unwrap();
+    consumer.assign(
+        partitions(&topic, 3)
+            .into_iter()
+            .map(|tp| (tp, StartPosition::Earliest)),
+    );
+    let got = drain(&mut consumer, 1_000_000, Duration::from_secs(240)).await;
+    assert_eq!(got.count, 1_000_000);
+    assert_eq!(got.checksum, produced.checksum, "content differs");
+    got.assert_contiguous_from(&BTreeMap::new());
+    let per_partition: Vec<usize> = got.offsets.values().map(Vec::len).collect();
+    assert_eq!(per_partition, vec![333_334, 333_333, 333_333]);
+    // Nothing more arrives: no record was handed out twice.
+    let extra = tokio::time::timeout(Duration::from_millis(1500), consumer.poll()).await;
+    assert!(extra.is_err(), "unexpected extra data: {extra:?}");
+    consumer.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn million_records_uncompressed() {
+    million(Compression::None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn million_records_gzip() {
+    million(Compression::Gzip).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn million_records_snappy() {
+    million(Compression::Snappy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn million_records_lz4() {
+    million(Compression::Lz4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn million_records_zstd() {
+    million(Compression::Zstd).await;
+}
+
+/// Each start position starts exactly where it should.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_positions() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("start");
+    cluster.create_topic(&topic, 1, 1, &[]);
+    // Record i has timestamp base + i seconds; base is a day ago (brokers reject far futures).
+    let base = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 86_400_000;
+    let spec = ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 100,
+        value_size: 10,
+        timestamps: Some((base, 1000)),
+        ..ProduceSpec::default()
+    };
+    cluster.produce(&spec);
+    let tp = TopicPartition::new(topic.as_str(), 0);
+    let cfg = config(&cluster.bootstrap()).build().unwrap();
+
+    let first = |start: StartPosition| {
+        let cfg = cfg.clone();
+        let tp = tp.clone();
+        async move {
+            let mut c = Consumer::new(cfg).unwrap();
+            c.assign([(tp.clone(), start)]);
+            let pos = c.position(&tp).await.unwrap();
+            let batch = tokio::time::timeout(Duration::from_secs(1), c.poll()).await;
+            let first = batch.ok().map(|b| b.unwrap().records[0].offset);
+            c.close().await;
+            (pos, first)
+        }
+    };
+    assert_eq!(first(StartPosition::Earliest).await, (0, Some(0)));
+    assert_eq!(first(StartPosition::Offset(42)).await, (42, Some(42)));
+    // The first record at or after base + 50.5 s is record 51.
+    assert_eq!(
+        first(StartPosition::Timestamp(base + 50_500)).await,
+        (51, Some(51))
+    );
+    assert_eq!(first(StartPosition::Timestamp(base)).await, (0, Some(0)));
+    // After every record: the log end, and nothing to read.
+    assert_eq!(
+        first(StartPosition::Timestamp(base + 10_000_000)).await,
+        (100, None)
+    );
+    assert_eq!(first(StartPosition::Latest).await, (100, None));
+
+    // Latest sees exactly the records produced after it was resolved.
+    let mut c = Consumer::new(cfg.clone()).unwrap();
+    c.assign([(tp.clone(), StartPosition::Latest)]);
+    assert_eq!(c.position(&tp).await.unwrap(), 100);
+    cluster.produce(&ProduceSpec {
+        count: 5,
+        ..spec.clone()
+    });
+    let got = drain(&mut c, 5, Duration::from_secs(30)).await;
+    assert_eq!(got.offsets[&tp], vec![100, 101, 102, 103, 104]);
+    c.close().await;
+}
+
+/// An out-of-range offset is a typed error by default, and resets when configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_offsets() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("oor");
+    cluster.create_topic(&topic, 1, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 10,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    let tp = TopicPartition::new(topic.as_str(), 0);
+
+    // Default policy: error.
+    let cfg = config(&cluster.bootstrap()).build().unwrap();
+    assert_eq!(cfg.auto_offset_reset(), OffsetReset::Error);
+    let mut c = Consumer::new(cfg).unwrap();
+    c.assign([(tp.clone(), StartPosition::Offset(1_000))]);
+    match tokio::time::timeout(Duration::from_secs(30), c.poll()).await {
+        Ok(Err(Error::OffsetOutOfRange {
+            partition, offset, ..
+        })) => {
+            assert_eq!((partition, offset), (tp.clone(), 1_000));
+        }
+        other => panic!("expected OffsetOutOfRange, got {other:?}"),
+    }
+    // The partition stays stopped until a seek; a seek to a valid offset resumes it.
+    c.seek(&tp, StartPosition::Offset(7)).unwrap();
+    let got = drain(&mut c, 3, Duration::from_secs(30)).await;
+    assert_eq!(got.offsets[&tp], vec![7, 8, 9]);
+    c.close().await;
+
+    // Reset to earliest.
+    let cfg = config(&cluster.bootstrap())
+        .auto_offset_reset(OffsetReset::Earliest)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    c.assign([(tp.clone(), StartPosition::Offset(1_000))]);
+    let got = drain(&mut c, 10, Duration::from_secs(30)).await;
+    assert_eq!(got.offsets[&tp], (0..10).collect::<Vec<i64>>());
+    c.close().await;
+
+    // Reset to latest: only what comes after.
+    let cfg = config(&cluster.bootstrap())
+        .auto_offset_reset(OffsetReset::Latest)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    c.assign([(tp.clone(), StartPosition::Offset(1_000))]);
+    let early = tokio::time::timeout(Duration::from_secs(2), c.poll()).await;
+    assert!(
+        early.is_err(),
+        "nothing should arrive before new records: {early:?}"
+    );
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 2,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    let got = drain(&mut c, 2, Duration::from_secs(30)).await;
+    assert_eq!(got.offsets[&tp], vec![10, 11]);
+    c.close().await;
+}
