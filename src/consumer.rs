@@ -26,7 +26,7 @@ use crate::net::backoff::Backoff;
 use crate::net::connection::ConnOptions;
 use crate::net::driver::{Command, Committed, Delivery, Driver, DriverConfig, Shared};
 use crate::net::pool::Pool;
-use crate::proto::chunk;
+use crate::proto::chunk::ChunkCursor;
 use crate::proto::commit::Committer;
 use crate::proto::fetch::{Chunk, FetchConfig, FetchState};
 use crate::types::{Batch, StartPosition, TopicPartition};
@@ -55,7 +55,25 @@ impl Local {
     }
 }
 
-/// A decoded chunk, not yet handed out.
+/// Data taken off the channel, not yet handed out.
+#[derive(Debug)]
+enum Ready {
+    /// A decoded piece (or an error).
+    Piece(Decoded),
+    /// A chunk with pieces still to decode.
+    Cursor(ChunkCursor),
+}
+
+impl Ready {
+    fn tp(&self) -> &TopicPartition {
+        match self {
+            Self::Piece(d) => &d.tp,
+            Self::Cursor(c) => &c.tp,
+        }
+    }
+}
+
+/// A decoded piece of a chunk, not yet handed out.
 #[derive(Debug)]
 struct Decoded {
     tp: TopicPartition,
@@ -103,8 +121,8 @@ pub struct Consumer {
     partitions: HashMap<TopicPartition, Local>,
     /// Chunks of paused partitions, kept for when they resume.
     parked: Vec<Chunk>,
-    /// Decoded data taken off the channel by `snapshot_state`, handed out by the next polls.
-    ready: VecDeque<Decoded>,
+    /// Data taken off the channel and not yet handed out, in order.
+    ready: VecDeque<Ready>,
     ckpt: Arc<CheckpointShared>,
     outcomes: Option<CommitOutcomes>,
     last_periodic: Instant,
@@ -318,7 +336,7 @@ impl Consumer {
         *local = Local::new(generation, start);
         let tp2 = tp.clone();
         self.drop_parked(|c| c.tp == tp2);
-        self.drop_ready(|d| d.tp == *tp);
+        self.drop_ready(|r| r.tp() == tp);
         self.send(Command::Seek(tp.clone(), start, generation));
         Ok(())
     }
@@ -407,7 +425,18 @@ impl Consumer {
             if self.closed {
                 return Poll::Ready(Err(Error::Closed));
             }
-            if let Some(d) = self.ready.pop_front() {
+            // The first queued entry of a partition that is not paused (a partition's entries
+            // stay in order).
+            let next = self.ready.iter().position(|r| !self.is_paused(r.tp()));
+            if let Some(ready) = next.and_then(|i| self.ready.remove(i)) {
+                let d = match ready {
+                    Ready::Piece(d) => d,
+                    Ready::Cursor(mut cursor) => {
+                        let d = self.decode_piece(&mut cursor);
+                        self.requeue(cursor);
+                        d
+                    }
+                };
                 if let Some(r) = self.hand_out(d) {
                     return Poll::Ready(r);
                 }
@@ -415,20 +444,16 @@ impl Consumer {
             }
             if let Some(i) = self.parked.iter().position(|c| !self.is_paused(&c.tp)) {
                 let chunk = self.parked.swap_remove(i);
-                let d = self.decode(chunk);
-                if let Some(r) = self.hand_out(d) {
-                    return Poll::Ready(r);
-                }
+                let cursor = ChunkCursor::new(chunk, self.config.isolation_level());
+                self.ready.push_back(Ready::Cursor(cursor));
                 continue;
             }
             match self.deliveries.poll_recv(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => self.closed = true,
                 Poll::Ready(Some(delivery)) => {
-                    if let Some(d) = self.accept(delivery)
-                        && let Some(r) = self.hand_out(d)
-                    {
-                        return Poll::Ready(r);
+                    if let Some(ready) = self.accept(delivery) {
+                        self.ready.push_back(ready);
                     }
                 }
             }
@@ -436,7 +461,7 @@ impl Consumer {
     }
 
     /// Turns a delivery from the network loop into something to hand out (or parks it).
-    fn accept(&mut self, delivery: Delivery) -> Option<Decoded> {
+    fn accept(&mut self, delivery: Delivery) -> Option<Ready> {
         match delivery {
             Delivery::Chunk(chunk) => {
                 if !self.is_current(&chunk.tp, chunk.generation) {
@@ -447,20 +472,23 @@ impl Consumer {
                     self.parked.push(chunk);
                     return None;
                 }
-                Some(self.decode(chunk))
+                Some(Ready::Cursor(ChunkCursor::new(
+                    chunk,
+                    self.config.isolation_level(),
+                )))
             }
             Delivery::Failed {
                 tp,
                 generation,
                 error,
-            } => Some(Decoded {
+            } => Some(Ready::Piece(Decoded {
                 tp,
                 generation,
                 batch: None,
                 next_offset: None,
                 error: Some(error),
                 decompressed: 0,
-            }),
+            })),
             Delivery::Error(e) => {
                 self.pending_errors.push(e);
                 None
@@ -535,49 +563,51 @@ impl Consumer {
         self.partitions.get(tp).is_some_and(|l| l.paused)
     }
 
-    /// Decodes a chunk: what `poll` will hand out for it. Releases the chunk's bytes from the
-    /// budget and counts the decompressed ones instead.
-    fn decode(&mut self, chunk: Chunk) -> Decoded {
-        let raw_len = chunk.records.len();
+    /// Decodes the next piece of a chunk. Counts its decompressed bytes against the budget;
+    /// the chunk's fetched bytes are released when its last piece is decoded.
+    fn decode_piece(&mut self, cursor: &mut ChunkCursor) -> Decoded {
         let limit = self.config.buffer_max_bytes();
-        let decoded = chunk::decode_chunk(
-            chunk.records,
-            chunk.fetch_offset,
-            &chunk.aborted,
-            self.config.isolation_level(),
-            limit,
-        );
-        self.release(raw_len);
+        let soft_cap = self.config.max_partition_fetch_bytes() as usize;
+        let piece = cursor.next_piece(limit, soft_cap);
+        if cursor.is_done() {
+            self.release(cursor.raw_len);
+        }
         self.shared
             .buffered
-            .fetch_add(decoded.decompressed_bytes, Ordering::AcqRel);
-        let (next_offset, error) = match decoded.error {
-            None => (chunk.next_offset, None),
-            Some((offset, violation)) => {
-                let generation = chunk.generation;
-                self.send(Command::Fail(chunk.tp.clone(), generation));
-                (
-                    offset,
-                    Some(Error::CorruptRecords {
-                        partition: chunk.tp.clone(),
-                        violation,
-                    }),
-                )
+            .fetch_add(piece.decompressed_bytes, Ordering::AcqRel);
+        let error = piece.error.map(|violation| {
+            self.send(Command::Fail(cursor.tp.clone(), cursor.generation));
+            Error::CorruptRecords {
+                partition: cursor.tp.clone(),
+                violation,
             }
-        };
-        let batch = (!decoded.records.is_empty()).then(|| Batch {
-            partition: chunk.tp.clone(),
-            records: decoded.records,
-            next_offset,
+        });
+        let batch = (!piece.records.is_empty()).then(|| Batch {
+            partition: cursor.tp.clone(),
+            records: piece.records,
+            next_offset: piece.next_offset,
         });
         Decoded {
-            tp: chunk.tp,
-            generation: chunk.generation,
+            tp: cursor.tp.clone(),
+            generation: cursor.generation,
             batch,
-            next_offset: Some(next_offset),
+            next_offset: Some(piece.next_offset),
             error,
-            decompressed: decoded.decompressed_bytes,
+            decompressed: piece.decompressed_bytes,
         }
+    }
+
+    /// Puts a cursor with pieces left back ahead of everything else of its partition.
+    fn requeue(&mut self, cursor: ChunkCursor) {
+        if cursor.is_done() {
+            return;
+        }
+        let at = self
+            .ready
+            .iter()
+            .position(|r| r.tp() == &cursor.tp)
+            .unwrap_or(self.ready.len());
+        self.ready.insert(at, Ready::Cursor(cursor));
     }
 
     fn release(&self, bytes: usize) {
@@ -592,12 +622,15 @@ impl Consumer {
         self.release(held);
     }
 
-    fn drop_ready(&mut self, which: impl Fn(&Decoded) -> bool) {
+    fn drop_ready(&mut self, which: impl Fn(&Ready) -> bool) {
         let mut freed = 0;
-        self.ready.retain(|d| {
-            let drop = which(d);
+        self.ready.retain(|r| {
+            let drop = which(r);
             if drop {
-                freed += d.decompressed;
+                freed += match r {
+                    Ready::Piece(d) => d.decompressed,
+                    Ready::Cursor(c) => c.raw_len,
+                };
             }
             !drop
         });
@@ -682,19 +715,38 @@ impl Consumer {
         })
     }
 
-    /// Takes what the network loop already delivered off the channel and decodes it. Data
-    /// with no records for a partition with nothing queued moves its position at once; the
-    /// rest waits in `ready` for `poll`.
+    /// Takes what the network loop already delivered off the channel. A chunk that hands out
+    /// no records (markers, aborted transactions) for a partition with nothing queued moves its
+    /// position at once; anything else waits in `ready` for `poll`, in order, with at most its
+    /// first piece decoded.
     fn absorb(&mut self) {
         while let Ok(delivery) = self.deliveries.try_recv() {
-            let Some(d) = self.accept(delivery) else {
+            let Some(ready) = self.accept(delivery) else {
                 continue;
             };
-            let queued = self.ready.iter().any(|r| r.tp == d.tp);
-            if d.batch.is_none() && d.error.is_none() && !queued {
-                let _ = self.hand_out(d);
-            } else {
-                self.ready.push_back(d);
+            let queued = self.ready.iter().any(|r| r.tp() == ready.tp());
+            let Ready::Cursor(mut cursor) = ready else {
+                self.ready.push_back(ready);
+                continue;
+            };
+            if queued {
+                self.ready.push_back(Ready::Cursor(cursor));
+                continue;
+            }
+            loop {
+                let d = self.decode_piece(&mut cursor);
+                if d.batch.is_none() && d.error.is_none() {
+                    let _ = self.hand_out(d);
+                    if cursor.is_done() {
+                        break;
+                    }
+                    continue;
+                }
+                self.ready.push_back(Ready::Piece(d));
+                if !cursor.is_done() {
+                    self.ready.push_back(Ready::Cursor(cursor));
+                }
+                break;
             }
         }
     }
@@ -736,6 +788,7 @@ impl Consumer {
     /// counters for monitoring and tests.
     pub fn fetch_stats(&self) -> FetchStats {
         FetchStats {
+            buffered_bytes: self.shared.buffered.load(Ordering::Relaxed) as u64,
             requests: self.shared.fetches_sent.load(Ordering::Relaxed) as u64,
             responses: self.shared.fetches_done.load(Ordering::Relaxed) as u64,
             coordinator: self.shared.coordinator.load(Ordering::Relaxed),
@@ -796,6 +849,8 @@ impl Stream for Consumer {
 /// Fetch counters, see [`Consumer::fetch_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FetchStats {
+    /// Bytes fetched and not yet handed out (plus the decompressed batch handed out last).
+    pub buffered_bytes: u64,
     /// Fetch requests sent.
     pub requests: u64,
     /// Fetch responses received (or failed).

@@ -1,0 +1,148 @@
+//! The consumer API against a real broker: the blocking facade, pause/resume, seek, and the
+//! memory budget when the application stops polling.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kafka_source::{Consumer, StartPosition, TopicPartition, blocking};
+use protocol_tests::consume::config;
+use protocol_tests::{Cluster, Compression, ProduceSpec};
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{nanos}")
+}
+
+/// The blocking facade on a thread of its own: poll with a timeout, pause, resume, seek.
+#[test]
+fn blocking_facade_pause_resume_seek() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("blocking");
+    cluster.create_topic(&topic, 2, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 2,
+        count: 2_000,
+        value_size: 50,
+        ..ProduceSpec::default()
+    });
+    let p0 = TopicPartition::new(topic.as_str(), 0);
+    let p1 = TopicPartition::new(topic.as_str(), 1);
+    let cfg = config(&cluster.bootstrap()).build().unwrap();
+    let mut c = blocking::Consumer::new(cfg).unwrap();
+    c.assign([
+        (p0.clone(), StartPosition::Earliest),
+        (p1.clone(), StartPosition::Earliest),
+    ]);
+    assert_eq!(c.position(&p0, Duration::from_secs(30)).unwrap(), 0);
+
+    // Paused: nothing of p0 is handed out, p1 drains completely.
+    c.pause(std::slice::from_ref(&p0));
+    let mut p1_seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while p1_seen < 1_000 {
+        assert!(Instant::now() < deadline, "p1 not drained");
+        if let Some(b) = c.poll(Duration::from_millis(500)).unwrap() {
+            assert_eq!(b.partition, p1, "a paused partition was handed out");
+            p1_seen += b.records.len();
+        }
+    }
+    assert_eq!(p1_seen, 1_000);
+    assert!(c.poll(Duration::from_millis(700)).unwrap().is_none());
+    assert_eq!(c.position(&p0, Duration::from_secs(5)).unwrap(), 0);
+
+    // Resumed: p0 from where it was.
+    c.resume(std::slice::from_ref(&p0));
+    let b = c
+        .poll(Duration::from_secs(30))
+        .unwrap()
+        .expect("p0 after resume");
+    assert_eq!(b.partition, p0);
+    assert_eq!(b.records[0].offset, 0);
+
+    // Seek: the next p0 batch starts exactly there, whatever was buffered.
+    c.seek(&p0, StartPosition::Offset(900)).unwrap();
+    assert_eq!(c.position(&p0, Duration::from_secs(5)).unwrap(), 900);
+    let mut offsets = Vec::new();
+    while offsets.len() < 100 {
+        let b = c
+            .poll(Duration::from_secs(30))
+            .unwrap()
+            .expect("p0 after seek");
+        assert_eq!(b.partition, p0);
+        offsets.extend(b.records.iter().map(|r| r.offset));
+    }
+    assert_eq!(offsets, (900..1000).collect::<Vec<i64>>());
+    assert_eq!(c.position(&p0, Duration::from_secs(5)).unwrap(), 1000);
+    c.close();
+}
+
+/// An application that stops polling stops the fetching: the buffered bytes stay within the
+/// budget (plus at most one fetch response), and no further fetch is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetching_stops_when_the_application_does_not_poll() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("budget");
+    cluster.create_topic(&topic, 1, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 100_000,
+        value_size: 200,
+        compression: Compression::Lz4,
+        ..ProduceSpec::default()
+    });
+    let budget = 1 << 20;
+    let cfg = config(&cluster.bootstrap())
+        .buffer_max_bytes(budget)
+        .max_partition_fetch_bytes(256 << 10)
+        .fetch_max_bytes(512 << 10)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    let tp = TopicPartition::new(topic.as_str(), 0);
+    c.assign([(tp.clone(), StartPosition::Earliest)]);
+    // Let the loop fill the budget, then watch it sit still.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = c.fetch_stats();
+        if s.buffered_bytes as usize >= budget / 2 && s.requests == s.responses {
+            break;
+        }
+        assert!(Instant::now() < deadline, "budget never filled: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = c.fetch_stats();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = c.fetch_stats();
+    assert_eq!(
+        before.requests, after.requests,
+        "fetched while nobody polled"
+    );
+    assert!(
+        after.buffered_bytes as usize <= budget + (512 << 10),
+        "buffered {} bytes with a budget of {budget}",
+        after.buffered_bytes
+    );
+    // Polling frees the budget and fetching resumes, to the end of the log.
+    let mut seen = 0u64;
+    let mut next = 0i64;
+    while seen < 100_000 {
+        let b = tokio::time::timeout(Duration::from_secs(30), c.poll())
+            .await
+            .expect("records in time")
+            .unwrap();
+        for r in &b.records {
+            assert_eq!(r.offset, next);
+            next += 1;
+        }
+        seen += b.records.len() as u64;
+    }
+    assert!(c.fetch_stats().requests > after.requests);
+    c.close().await;
+}
