@@ -202,6 +202,7 @@ impl Consumer {
                 retry_backoff: config.retry_backoff(),
                 group,
                 close_timeout: config.close_timeout(),
+                request_timeout: config.request_timeout(),
             },
             pool,
             Arc::clone(&shared),

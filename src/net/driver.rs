@@ -115,6 +115,7 @@ pub(crate) struct DriverConfig {
     pub(crate) retry_backoff: Duration,
     pub(crate) group: Option<String>,
     pub(crate) close_timeout: Duration,
+    pub(crate) request_timeout: Duration,
 }
 
 pub(crate) struct Driver {
@@ -329,8 +330,22 @@ impl Driver {
             return;
         };
         let pool = Arc::clone(&self.pool);
+        let deadline = Instant::now() + self.cfg.request_timeout;
+        let backoff = self.cfg.retry_backoff;
         self.inflight.push(Box::pin(async move {
-            let _ = reply.send(offset_fetch(&pool, &group, tps).await);
+            // Retriable errors (the coordinator loading or moving, an unstable offset under
+            // require_stable, I/O) are retried until the request timeout, as Java's
+            // committed() does.
+            let result = loop {
+                match offset_fetch(&pool, &group, tps.clone()).await {
+                    Err(e) if e.is_retriable() && Instant::now() + backoff < deadline => {
+                        tracing::debug!(error = %e, "OffsetFetch failed; retrying");
+                        tokio::time::sleep(backoff).await;
+                    }
+                    other => break other,
+                }
+            };
+            let _ = reply.send(result);
             Completion::Answered
         }));
     }
@@ -391,7 +406,7 @@ impl Driver {
             let pool = Arc::clone(&self.pool);
             self.inflight.push(Box::pin(async move {
                 let res = async {
-                    let conn = pool.get(ConnKey::Data(plan.node)).await?;
+                    let conn = pool.get(ConnKey::Control(plan.node)).await?;
                     let v = conn.version(versions::LIST_OFFSETS)?;
                     conn.request(&req, v, Duration::ZERO).await
                 }
@@ -451,8 +466,8 @@ impl Driver {
             })),
             Action::Commit { seq, node, request } => self.inflight.push(Box::pin(async move {
                 let res = async {
-                    // The coordinator's own connection: never behind a parked Fetch.
-                    let conn = pool.get(ConnKey::Coordinator(node)).await?;
+                    // A control connection: never behind a parked Fetch.
+                    let conn = pool.get(ConnKey::Control(node)).await?;
                     let v = conn.version(versions::OFFSET_COMMIT)?;
                     conn.request(&request, v, Duration::ZERO).await
                 }
@@ -614,7 +629,7 @@ async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Res
         ));
     }
     pool.add_node(node, format!("{host}:{port}"));
-    let conn = pool.get(ConnKey::Coordinator(node)).await?;
+    let conn = pool.get(ConnKey::Control(node)).await?;
     let v = conn.version(versions::OFFSET_FETCH)?;
     let mut by_topic: BTreeMap<Arc<str>, Vec<i32>> = BTreeMap::new();
     for tp in &tps {

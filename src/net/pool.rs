@@ -1,6 +1,9 @@
-//! Connections by purpose: one data connection per broker, one dedicated coordinator
-//! connection per broker (so a commit never queues behind a long-polling Fetch), and the
-//! bootstrap addresses. Failed connections are replaced after an exponential backoff.
+//! Connections by purpose. A broker answers the requests of one connection in order, so a
+//! Fetch parked for `fetch.max.wait.ms` holds up everything queued behind it on its connection.
+//! Fetches therefore get a data connection per broker to themselves, and everything else
+//! (Metadata, ListOffsets, FindCoordinator, OffsetCommit, OffsetFetch) goes on a control
+//! connection per broker, or a bootstrap connection, which never carries a Fetch. Failed
+//! connections are replaced after an exponential backoff.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,10 +18,10 @@ use crate::net::connection::{ConnOptions, Connection};
 /// What a connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ConnKey {
-    /// Fetch, ListOffsets and Metadata to a node.
+    /// Fetch requests to a node, and nothing else.
     Data(i32),
-    /// Group coordinator traffic to a node.
-    Coordinator(i32),
+    /// Everything but Fetch to a node: metadata, offsets, coordinator traffic.
+    Control(i32),
     /// A bootstrap address, by index, before metadata named the nodes.
     Bootstrap(usize),
 }
@@ -75,7 +78,7 @@ impl Pool {
 
     fn target(&self, key: ConnKey) -> Result<(String, BrokerRef)> {
         match key {
-            ConnKey::Data(id) | ConnKey::Coordinator(id) => {
+            ConnKey::Data(id) | ConnKey::Control(id) => {
                 let addr = self
                     .node_addr(id)
                     .ok_or_else(|| Error::NoBroker(format!("node {id} is not in metadata")))?;
@@ -128,36 +131,46 @@ impl Pool {
         }
     }
 
-    /// Any live connection, else the first node or bootstrap address that accepts one. Used for
-    /// Metadata, which any broker answers.
+    fn in_backoff(&self, key: ConnKey, now: Instant) -> bool {
+        let slot = self.slots.lock().get(&key).map(Arc::clone);
+        slot.and_then(|s| {
+            s.try_lock()
+                .ok()
+                .map(|s| s.retry_at.is_some_and(|t| t > now))
+        })
+        .unwrap_or(false)
+    }
+
+    /// Any live connection that never carries a Fetch, else the first node (control
+    /// connection) or bootstrap address that accepts one. For requests any broker answers:
+    /// Metadata and FindCoordinator.
     pub(crate) async fn any(&self) -> Result<Arc<Connection>> {
-        let live: Vec<Arc<Connection>> = {
-            let slots: Vec<_> = self.slots.lock().values().cloned().collect();
-            let mut live = Vec::new();
-            for s in slots {
-                if let Ok(s) = s.try_lock()
-                    && let Some(c) = &s.conn
-                    && c.is_alive()
-                {
-                    live.push(Arc::clone(c));
-                }
-            }
-            live
+        let live: Option<Arc<Connection>> = {
+            let slots: Vec<_> = self
+                .slots
+                .lock()
+                .iter()
+                .filter(|(k, _)| !matches!(k, ConnKey::Data(_)))
+                .map(|(_, s)| Arc::clone(s))
+                .collect();
+            slots.into_iter().find_map(|s| {
+                let s = s.try_lock().ok()?;
+                s.conn.as_ref().filter(|c| c.is_alive()).map(Arc::clone)
+            })
         };
-        if let Some(c) = live.into_iter().next() {
+        if let Some(c) = live {
             return Ok(c);
         }
-        let mut keys: Vec<ConnKey> = self
-            .nodes
-            .lock()
-            .keys()
-            .map(|id| ConnKey::Data(*id))
+        let mut ids: Vec<i32> = self.nodes.lock().keys().copied().collect();
+        ids.sort_unstable();
+        let mut keys: Vec<ConnKey> = ids
+            .into_iter()
+            .map(ConnKey::Control)
+            .chain((0..self.bootstrap.len()).map(ConnKey::Bootstrap))
             .collect();
-        keys.sort_by_key(|k| match k {
-            ConnKey::Data(id) => *id,
-            _ => 0,
-        });
-        keys.extend((0..self.bootstrap.len()).map(ConnKey::Bootstrap));
+        // Addresses that just failed go last, so one dead broker does not delay the rest.
+        let now = Instant::now();
+        keys.sort_by_key(|k| self.in_backoff(*k, now));
         let mut errors = Vec::new();
         for key in keys {
             match self.get(key).await {
