@@ -146,3 +146,124 @@ async fn fetching_stops_when_the_application_does_not_poll() {
     assert!(c.fetch_stats().requests > after.requests);
     c.close().await;
 }
+
+/// A restored offset that is out of range is an error by default, even with
+/// `auto.offset.reset=earliest` (a restore is not a fresh start); with
+/// `restore.offset.out.of.range=earliest` it resets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_out_of_range_follows_its_own_policy() {
+    use kafka_source::{Error, OffsetReset, PartitionOffset, SOURCE_STATE_VERSION, SourceState};
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("restore-oor");
+    cluster.create_topic(&topic, 1, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 10,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    let tp = TopicPartition::new(topic.as_str(), 0);
+    let state = SourceState {
+        version: SOURCE_STATE_VERSION,
+        checkpoint_id: 7,
+        partitions: vec![PartitionOffset {
+            topic: topic.clone(),
+            partition: 0,
+            next_offset: 5_000,
+            leader_epoch: -1,
+        }],
+    };
+
+    let cfg = config(&cluster.bootstrap())
+        .auto_offset_reset(OffsetReset::Earliest)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    c.restore(&state).unwrap();
+    assert_eq!(c.assignment(), vec![tp.clone()]);
+    match tokio::time::timeout(Duration::from_secs(30), c.poll()).await {
+        Ok(Err(Error::OffsetOutOfRange {
+            partition, offset, ..
+        })) => assert_eq!((partition, offset), (tp.clone(), 5_000)),
+        other => panic!("expected OffsetOutOfRange, got {other:?}"),
+    }
+    c.close().await;
+
+    let cfg = config(&cluster.bootstrap())
+        .restore_out_of_range(OffsetReset::Earliest)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    c.restore(&state).unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(30), c.poll())
+        .await
+        .expect("records in time")
+        .unwrap();
+    assert_eq!(b.records[0].offset, 0);
+    c.close().await;
+
+    // A state of a version this crate does not read is refused.
+    let mut c = Consumer::new(config(&cluster.bootstrap()).build().unwrap()).unwrap();
+    let err = c
+        .restore(&SourceState {
+            version: 99,
+            ..state.clone()
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("version 99"), "{err}");
+    c.close().await;
+}
+
+/// Periodic mode commits the handed-out positions every `auto.commit.interval.ms`, without
+/// checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_commit_mode_commits_handed_out_positions() {
+    use kafka_source::CommitMode;
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("periodic");
+    let group = unique("periodic-group");
+    cluster.create_topic(&topic, 1, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 500,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    let tp = TopicPartition::new(topic.as_str(), 0);
+    let cfg = config(&cluster.bootstrap())
+        .group_id(group.as_str())
+        .commit_mode(CommitMode::Periodic(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    c.assign([(tp.clone(), StartPosition::Earliest)]);
+    let mut outcomes = c.commit_outcomes().unwrap();
+    let got = protocol_tests::consume::drain(&mut c, 500, Duration::from_secs(30)).await;
+    assert_eq!(got.count, 500);
+    // Keep polling (nothing arrives) so the interval passes and the positions are published.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let _ = tokio::time::timeout(Duration::from_millis(300), c.poll()).await;
+        if c.commit_stats().last_acked.get(&tp) == Some(&500) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not committed: {:?}",
+            c.commit_stats()
+        );
+    }
+    let o = outcomes.try_recv().expect("an outcome");
+    assert_eq!(o.checkpoint_id, None);
+    let committed = c.committed(std::slice::from_ref(&tp)).await.unwrap();
+    assert_eq!(committed[&tp], Some(500));
+    c.close().await;
+    assert_eq!(
+        cluster.committed_offsets(&group).get(&(topic.clone(), 0)),
+        Some(&Some(500))
+    );
+}
