@@ -7,6 +7,20 @@ use kafka_source::{CommitMode, Consumer, ConsumerConfig, ConsumerConfigBuilder, 
 
 use crate::records::record_checksum;
 
+/// A name no other test (or earlier run) uses: `prefix` and the time in nanoseconds.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{nanos}")
+}
+
+/// Partitions `0..n` of `topic`.
+pub fn partitions(topic: &str, n: i32) -> Vec<TopicPartition> {
+    (0..n).map(|p| TopicPartition::new(topic, p)).collect()
+}
+
 /// A config builder for `bootstrap` with commits disabled (no group id).
 pub fn config(bootstrap: &str) -> ConsumerConfigBuilder {
     ConsumerConfig::builder()

@@ -1,19 +1,11 @@
 //! The consumer API against a real broker: the blocking facade, pause/resume, seek, and the
 //! memory budget when the application stops polling.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kafka_source::{Consumer, StartPosition, TopicPartition, blocking};
-use protocol_tests::consume::config;
+use protocol_tests::consume::{config, unique};
 use protocol_tests::{Cluster, Compression, ProduceSpec};
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{nanos}")
-}
 
 /// The blocking facade on a thread of its own: poll with a timeout, pause, resume, seek.
 #[test]

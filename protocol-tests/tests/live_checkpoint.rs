@@ -16,7 +16,7 @@ use kafka_source::{
     CheckpointHandle, CommitMode, CommitOutcome, CommitOutcomes, CommitStats, Consumer,
     ConsumerConfigBuilder, IsolationLevel, Outcome, SourceState, StartPosition, TopicPartition,
 };
-use protocol_tests::consume::{config, drain};
+use protocol_tests::consume::{config, drain, partitions, unique};
 use protocol_tests::{Cluster, ProduceSpec, test_root};
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -25,18 +25,6 @@ use tokio::sync::{Mutex, MutexGuard};
 async fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::const_new(());
     LOCK.lock().await
-}
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{nanos}")
-}
-
-fn partitions(topic: &str, n: i32) -> Vec<TopicPartition> {
-    (0..n).map(|p| TopicPartition::new(topic, p)).collect()
 }
 
 fn earliest(topic: &str, n: i32) -> Vec<(TopicPartition, StartPosition)> {

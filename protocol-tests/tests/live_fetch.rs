@@ -4,20 +4,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kafka_source::{Consumer, Error, OffsetReset, StartPosition, TopicPartition};
-use protocol_tests::consume::{config, drain};
+use protocol_tests::consume::{config, drain, partitions, unique};
 use protocol_tests::{Cluster, Compression, ProduceSpec};
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{nanos}")
-}
-
-fn partitions(topic: &str, n: i32) -> Vec<TopicPartition> {
-    (0..n).map(|p| TopicPartition::new(topic, p)).collect()
-}
 
 /// 1,000,000 records of 100 B over 3 partitions, produced by the Java producer with `codec`:
 /// every record consumed once, offsets contiguous per partition, checksum equal.
