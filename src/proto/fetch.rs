@@ -797,3 +797,346 @@ fn error_for(code: ResponseError, tp: &TopicPartition) -> Error {
         _ => Error::broker(code, format!("fetch of {tp}"), None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use kafka_protocol::messages::MetadataResponse;
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::list_offsets_response::{
+        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+    };
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::records::{
+        Compression, Record as KpRecord, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+
+    const TOPIC_ID: Uuid = Uuid::from_u128(42);
+
+    fn cfg(reset: OffsetReset) -> FetchConfig {
+        FetchConfig {
+            max_wait_ms: 500,
+            min_bytes: 1,
+            max_bytes: 1 << 20,
+            partition_max_bytes: 1 << 16,
+            isolation: IsolationLevel::ReadUncommitted,
+            reset,
+            restore_reset: OffsetReset::Error,
+            retry_backoff: Duration::from_millis(100),
+        }
+    }
+
+    /// Two partitions of "t", led by nodes 1 and 2.
+    fn meta() -> Metadata {
+        let mut m = Metadata::default();
+        let broker = |id: i32| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(id))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(9000 + id)
+        };
+        let part = |p: i32, leader: i32| {
+            MetadataResponsePartition::default()
+                .with_partition_index(p)
+                .with_leader_id(BrokerId(leader))
+                .with_leader_epoch(3)
+        };
+        m.handle_response(
+            &MetadataResponse::default()
+                .with_brokers(vec![broker(1), broker(2)])
+                .with_topics(vec![
+                    MetadataResponseTopic::default()
+                        .with_name(Some(topic_name("t")))
+                        .with_topic_id(TOPIC_ID)
+                        .with_partitions(vec![part(0, 1), part(1, 2)]),
+                ]),
+        );
+        m
+    }
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition::new("t", p)
+    }
+
+    /// `n` one-record batches from `base`, as the broker sends them.
+    fn batches(base: i64, n: i64) -> Bytes {
+        let mut buf = BytesMut::new();
+        for o in base..base + n {
+            let r = KpRecord {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 3,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: o,
+                sequence: -1,
+                timestamp: 1_700_000_000_000,
+                key: None,
+                value: Some(Bytes::from_static(b"v")),
+                headers: Default::default(),
+            };
+            RecordBatchEncoder::encode(
+                &mut buf,
+                [r].iter(),
+                &RecordEncodeOptions {
+                    version: 2,
+                    compression: Compression::None,
+                },
+            )
+            .unwrap();
+        }
+        buf.freeze()
+    }
+
+    fn response(parts: Vec<PartitionData>) -> Result<FetchResponse, Error> {
+        Ok(FetchResponse::default().with_responses(vec![
+            FetchableTopicResponse::default()
+                .with_topic_id(TOPIC_ID)
+                .with_partitions(parts),
+        ]))
+    }
+
+    fn data(p: i32, records: Bytes) -> PartitionData {
+        PartitionData::default()
+            .with_partition_index(p)
+            .with_high_watermark(100)
+            .with_records(Some(records))
+    }
+
+    fn error(p: i32, code: ResponseError) -> PartitionData {
+        PartitionData::default()
+            .with_partition_index(p)
+            .with_error_code(code.code())
+    }
+
+    fn single<T: std::fmt::Debug>(plans: Vec<T>) -> T {
+        assert_eq!(plans.len(), 1, "{plans:?}");
+        plans.into_iter().next().unwrap()
+    }
+
+    fn chunks(out: &Outcome) -> Vec<&Chunk> {
+        out.events
+            .iter()
+            .filter_map(|e| match e {
+                FetchEvent::Chunk(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn start_positions_resolve_through_list_offsets() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(
+            vec![
+                (tp(0), StartPosition::Timestamp(5), 1),
+                (tp(1), StartPosition::Offset(7), 2),
+            ],
+            false,
+        );
+        assert_eq!(f.start_offset(&tp(1)), Some(Ok(7)));
+        assert_eq!(f.start_offset(&tp(0)), None);
+        let plan = single(f.plan_list_offsets(now, &m));
+        assert_eq!(plan.node, 1);
+        let req = f.list_offsets_request(&plan);
+        assert_eq!(req.topics[0].partitions[0].timestamp, 5);
+        assert_eq!(req.topics[0].partitions[0].current_leader_epoch, 3);
+        // No timestamp at or after 5: the answer is -1, and the partition goes to the end.
+        let answer = |offset: i64| {
+            Ok(ListOffsetsResponse::default().with_topics(vec![
+                ListOffsetsTopicResponse::default()
+                    .with_name(topic_name("t"))
+                    .with_partitions(vec![
+                        ListOffsetsPartitionResponse::default()
+                            .with_partition_index(0)
+                            .with_offset(offset),
+                    ]),
+            ]))
+        };
+        f.handle_list_offsets(plan, answer(-1), now);
+        let plan = single(f.plan_list_offsets(now, &m));
+        assert_eq!(
+            f.list_offsets_request(&plan).topics[0].partitions[0].timestamp,
+            -1
+        );
+        f.handle_list_offsets(plan, answer(40), now);
+        assert_eq!(f.start_offset(&tp(0)), Some(Ok(40)));
+        assert!(f.plan_list_offsets(now, &m).is_empty());
+    }
+
+    #[test]
+    fn one_fetch_per_leader_and_none_while_busy_or_in_flight() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(
+            vec![
+                (tp(0), StartPosition::Offset(0), 1),
+                (tp(1), StartPosition::Offset(0), 2),
+            ],
+            false,
+        );
+        let busy: HashSet<i32> = [2].into_iter().collect();
+        let plan = single(f.plan_fetches(now, &m, &busy, 10 << 20));
+        assert_eq!(plan.node, 1);
+        // In flight: not planned again, even with the leader free.
+        assert!(
+            f.plan_fetches(now, &m, &HashSet::new(), 10 << 20)
+                .iter()
+                .all(|p| p.node != 1)
+        );
+        let v13 = FetchState::fetch_request(&f.config(), &plan, 13);
+        assert_eq!(v13.topics[0].topic_id, TOPIC_ID);
+        assert_eq!((v13.session_id, v13.session_epoch), (0, -1));
+        let v12 = FetchState::fetch_request(&f.config(), &plan, 12);
+        assert_eq!(v12.topics[0].topic.0.as_str(), "t");
+        assert!(
+            f.plan_fetches(now, &m, &HashSet::new(), 0).is_empty(),
+            "no budget, no fetch"
+        );
+    }
+
+    #[test]
+    fn partial_last_batch_is_left_for_the_next_fetch() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(10), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        let full = batches(10, 3);
+        let cut = full.slice(..full.len() - 5);
+        let out = f.handle_fetch(plan, response(vec![data(0, cut)]), now);
+        let c = chunks(&out);
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].fetch_offset, c[0].next_offset), (10, 12));
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        assert_eq!(plan.entries[0].offset, 12);
+    }
+
+    #[test]
+    fn a_response_after_a_seek_is_dropped() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(0), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        f.seek(&tp(0), StartPosition::Offset(50), 2);
+        let out = f.handle_fetch(plan, response(vec![data(0, batches(0, 5))]), now);
+        assert!(out.events.is_empty());
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        assert_eq!(plan.entries[0].offset, 50);
+        assert_eq!(plan.entries[0].generation, 2);
+    }
+
+    #[test]
+    fn out_of_range_follows_the_policy() {
+        let now = Instant::now();
+        let m = meta();
+        for (reset, restored, expect) in [
+            (OffsetReset::Error, false, None),
+            (OffsetReset::Earliest, false, Some(-2)),
+            (OffsetReset::Latest, false, Some(-1)),
+            // Restored partitions use the restore policy (Error here), not auto.offset.reset.
+            (OffsetReset::Earliest, true, None),
+        ] {
+            let mut f = FetchState::new(cfg(reset));
+            f.assign(vec![(tp(0), StartPosition::Offset(500), 1)], restored);
+            let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+            let out = f.handle_fetch(
+                plan,
+                response(vec![error(0, ResponseError::OffsetOutOfRange)]),
+                now,
+            );
+            match expect {
+                None => {
+                    assert!(matches!(
+                        &out.events[..],
+                        [FetchEvent::Failed {
+                            error: Error::OffsetOutOfRange { offset: 500, .. },
+                            ..
+                        }]
+                    ));
+                    assert!(f.plan_list_offsets(now, &m).is_empty());
+                    assert!(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20).is_empty());
+                }
+                Some(ts) => {
+                    assert!(out.events.is_empty());
+                    let plan = single(f.plan_list_offsets(now, &m));
+                    assert_eq!(
+                        f.list_offsets_request(&plan).topics[0].partitions[0].timestamp,
+                        ts
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn leadership_errors_refresh_metadata_and_back_off() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(0), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        let out = f.handle_fetch(
+            plan,
+            response(vec![error(0, ResponseError::NotLeaderOrFollower)]),
+            now,
+        );
+        assert!(out.refresh_metadata);
+        assert!(out.events.is_empty());
+        assert!(
+            f.plan_fetches(now, &m, &HashSet::new(), 1 << 20).is_empty(),
+            "backing off"
+        );
+        let later = f.next_retry().unwrap();
+        let plan = single(f.plan_fetches(later, &m, &HashSet::new(), 1 << 20));
+        assert_eq!(plan.entries[0].offset, 0, "the position did not move");
+        // A transport failure does the same for every partition of the request.
+        let out = f.handle_fetch(plan, Err(Error::Closed), later);
+        assert!(out.refresh_metadata);
+        // A fatal code stops the partition and reports it.
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(0), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        let out = f.handle_fetch(
+            plan,
+            response(vec![error(0, ResponseError::TopicAuthorizationFailed)]),
+            now,
+        );
+        assert!(matches!(
+            &out.events[..],
+            [FetchEvent::Failed { error, .. }] if error.kafka_code() == Some(ResponseError::TopicAuthorizationFailed)
+        ));
+    }
+
+    #[test]
+    fn a_corrupt_batch_after_good_ones_hands_out_the_good_ones_and_stops() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(0), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        let good = batches(0, 2);
+        let mut bad = BytesMut::from(&batches(2, 1)[..]);
+        bad[16] = 9; // magic
+        let mut all = BytesMut::from(&good[..]);
+        all.extend_from_slice(&bad);
+        let out = f.handle_fetch(plan, response(vec![data(0, all.freeze())]), now);
+        let c = chunks(&out);
+        assert_eq!(c[0].next_offset, 2);
+        assert!(
+            out.events
+                .iter()
+                .any(|e| matches!(e, FetchEvent::Failed { .. }))
+        );
+        assert!(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20).is_empty());
+    }
+}
