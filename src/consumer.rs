@@ -796,9 +796,9 @@ impl Consumer {
         }
     }
 
-    /// Closes the consumer: commits what the last completed checkpoint left pending (waiting
-    /// up to `close.timeout.ms`; a commit still open then is reported timed out), then stops
-    /// the network loop. Returns the final counters; the outcomes are also on
+    /// Closes the consumer: commits what the last completed checkpoint left pending (in
+    /// periodic mode: the handed-out positions), waiting up to `close.timeout.ms` (a commit
+    /// still open then is reported timed out), then stops the network loop. Returns the final counters; the outcomes are also on
     /// [`CommitOutcomes`].
     ///
     /// # Cancel safety
@@ -814,6 +814,20 @@ impl Consumer {
             return;
         }
         self.closed = true;
+        // Periodic mode commits what was handed out last, as the Java client's auto-commit does
+        // on close; checkpoint mode flushes only what a completed checkpoint left pending.
+        if matches!(self.config.commit_mode(), CommitMode::Periodic(_))
+            && self.config.group_id().is_some()
+        {
+            let offsets = self.handed_offsets();
+            if !offsets.is_empty() {
+                self.ckpt.submit(CommitRequest {
+                    checkpoint_id: None,
+                    offsets: Arc::new(offsets),
+                    created: Instant::now(),
+                });
+            }
+        }
         let (tx, rx) = oneshot::channel();
         self.send(Command::Close(tx));
         // The loop flushes within close.timeout.ms; allow a little more for it to answer.

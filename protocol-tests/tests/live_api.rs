@@ -258,4 +258,22 @@ async fn periodic_commit_mode_commits_handed_out_positions() {
         cluster.committed_offsets(&group).get(&(topic.clone(), 0)),
         Some(&Some(500))
     );
+
+    // With an interval that never passes, close() commits the handed-out positions.
+    let group = unique("periodic-close-group");
+    let cfg = config(&cluster.bootstrap())
+        .group_id(group.as_str())
+        .commit_mode(CommitMode::Periodic(Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    c.assign([(tp.clone(), StartPosition::Offset(100))]);
+    protocol_tests::consume::drain(&mut c, 400, Duration::from_secs(30)).await;
+    let stats = c.close().await;
+    assert_eq!(stats.succeeded, 1, "{stats:?}");
+    assert_eq!(stats.last_acked.get(&tp), Some(&500));
+    assert_eq!(
+        cluster.committed_offsets(&group).get(&(topic.clone(), 0)),
+        Some(&Some(500))
+    );
 }
