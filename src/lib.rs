@@ -5,6 +5,10 @@ mod checkpoint;
 pub mod config;
 mod consumer;
 mod error;
+// Entry points for the fuzz targets in fuzz/; cargo-fuzz builds with `--cfg fuzzing`.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 // The crate's only unsafe code: the lock-free handover slot, see its module docs.
 #[allow(unsafe_code)]
 pub mod handover;
