@@ -278,6 +278,7 @@ pub fn commit_machine(ops: &[CommitOp]) {
     let mut finding: Option<u64> = None;
     let mut in_flight: Option<u64> = None;
     let mut last_seq = 0u64;
+    let mut last_sent = -1i64;
     let mut found_nodes: BTreeSet<i32> = BTreeSet::new();
     let id = |r: &CommitRequest| r.checkpoint_id.map_or(usize::MAX, |i| i as usize);
     let end = |fates: &mut Vec<Fate>, r: &CommitRequest, fate: Fate| {
@@ -290,13 +291,17 @@ pub fn commit_machine(ops: &[CommitOp]) {
             CommitOp::Offer(mask) => {
                 let n = fates.len() as u64;
                 fates.push(Fate::Pending);
-                if let Some(old) = c.offer(commit_request(mask, n, now)) {
+                c.offer(commit_request(mask, n, now));
+                for old in c.take_superseded() {
                     end(&mut fates, &old, Fate::Superseded);
                 }
             }
             CommitOp::Poll(ms) => {
                 now += Duration::from_millis(u64::from(ms));
                 while let Some(action) = c.poll_action(now) {
+                    for old in c.take_superseded() {
+                        end(&mut fates, &old, Fate::Superseded);
+                    }
                     match action {
                         Action::FindCoordinator(seq) => {
                             assert!(finding.is_none() && in_flight.is_none(), "two lookups");
@@ -304,7 +309,18 @@ pub fn commit_machine(ops: &[CommitOp]) {
                             last_seq = seq;
                             finding = Some(seq);
                         }
-                        Action::Commit { seq, node, .. } => {
+                        Action::Commit { seq, node, request } => {
+                            // Commits go out in checkpoint order: every offset of a request
+                            // is its number (see `commit_request`), which never goes down.
+                            let sent = request
+                                .topics
+                                .iter()
+                                .flat_map(|t| t.partitions.iter())
+                                .map(|p| p.committed_offset)
+                                .max()
+                                .unwrap_or(-1);
+                            assert!(sent >= last_sent, "commit {sent} sent after {last_sent}");
+                            last_sent = sent;
                             assert!(in_flight.is_none(), "two commits in flight");
                             assert!(finding.is_none(), "a commit during a lookup");
                             assert_eq!(c.coordinator(), Some(node));

@@ -243,7 +243,15 @@ impl Driver {
         let Some(c) = self.committer.as_mut() else {
             return;
         };
-        if let Some(old) = c.offer(req) {
+        c.offer(req);
+        self.report_superseded();
+    }
+
+    fn report_superseded(&mut self) {
+        let Some(c) = self.committer.as_mut() else {
+            return;
+        };
+        for old in c.take_superseded() {
             self.ckpt.report(CommitOutcome {
                 checkpoint_id: old.checkpoint_id,
                 latency: old.created.elapsed(),
@@ -417,6 +425,7 @@ impl Driver {
         while let Some(action) = self.committer.as_mut().and_then(|c| c.poll_action(std_now)) {
             self.spawn_commit_action(action);
         }
+        self.report_superseded();
         let buffered = self.shared.buffered.load(Ordering::Acquire);
         let budget = self
             .cfg

@@ -78,6 +78,8 @@ pub(crate) struct Committer {
     coordinator: Option<i32>,
     current: Option<Current>,
     next: Option<CommitRequest>,
+    /// Requests replaced by newer ones, for the driver to report.
+    superseded: Vec<CommitRequest>,
     seq: u64,
 }
 
@@ -90,6 +92,7 @@ impl Committer {
             coordinator: None,
             current: None,
             next: None,
+            superseded: Vec::new(),
             seq: 0,
         }
     }
@@ -104,22 +107,46 @@ impl Committer {
         self.current.is_none() && self.next.is_none()
     }
 
-    /// Queues a commit. Returns what it supersedes: the queued one, or the current one if that
-    /// was not sent yet (a retry must not go out with stale offsets).
-    pub(crate) fn offer(&mut self, request: CommitRequest) -> Option<CommitRequest> {
-        if let Some(cur) = self.current.as_mut()
-            && !matches!(cur.phase, Phase::InFlight { .. })
-        {
-            // Not on the wire: replace it outright, keeping its phase (a coordinator lookup
-            // under way still applies).
-            cur.deadline = request.created + self.timeout;
-            return Some(std::mem::replace(&mut cur.request, request));
+    /// Queues a commit. What it supersedes (every older request not on the wire: the queued
+    /// one, and the current one while it waits to be sent or retried, since a retry must not go
+    /// out with stale offsets) goes to [`take_superseded`](Self::take_superseded).
+    pub(crate) fn offer(&mut self, request: CommitRequest) {
+        // A retry pending since the last offer gives way to the queued request first, so
+        // superseded requests are reported oldest first.
+        self.promote_next();
+        if let Some(old) = self.next.replace(request) {
+            self.superseded.push(old);
         }
-        self.next.replace(request)
+        self.promote_next();
+    }
+
+    /// Requests replaced by newer ones since the last call, oldest first.
+    pub(crate) fn take_superseded(&mut self) -> Vec<CommitRequest> {
+        std::mem::take(&mut self.superseded)
+    }
+
+    /// A current request that is not on the wire gives way to a newer queued one, keeping its
+    /// phase (a coordinator lookup under way still applies). Commits therefore never go out of
+    /// checkpoint order.
+    fn promote_next(&mut self) {
+        let Some(cur) = self.current.as_mut() else {
+            return;
+        };
+        if matches!(cur.phase, Phase::InFlight { .. }) {
+            return;
+        }
+        let Some(newer) = self.next.take() else {
+            return;
+        };
+        cur.deadline = newer.created + self.timeout;
+        let old = std::mem::replace(&mut cur.request, newer);
+        self.superseded.push(old);
     }
 
     /// The next request to send, if any is due at `now`.
     pub(crate) fn poll_action(&mut self, now: Instant) -> Option<Action> {
+        // A commit that went back to a retry phase gives way to a newer one first.
+        self.promote_next();
         if self.current.is_none() {
             let request = self.next.take()?;
             let phase = match self.coordinator {
@@ -486,7 +513,8 @@ mod tests {
     fn happy_path_then_coordinator_is_reused() {
         let t0 = Instant::now();
         let mut c = committer();
-        assert!(c.offer(req(1, t0)).is_none());
+        c.offer(req(1, t0));
+        assert!(c.take_superseded().is_empty());
         let f = expect_find(&mut c, t0);
         assert_eq!(
             c.handle_find_coordinator(f, t0, found(2)).unwrap(),
@@ -512,9 +540,12 @@ mod tests {
         c.coordinator = Some(1);
         c.offer(req(1, t0));
         let (seq, _, _) = expect_commit(&mut c, t0);
-        assert!(c.offer(req(2, t0)).is_none());
-        let old = c.offer(req(3, t0)).unwrap();
-        assert_eq!(old.checkpoint_id, Some(2));
+        c.offer(req(2, t0));
+        assert!(c.take_superseded().is_empty());
+        c.offer(req(3, t0));
+        let old = c.take_superseded();
+        assert_eq!(old.len(), 1);
+        assert_eq!(old[0].checkpoint_id, Some(2));
         assert!(c.poll_action(t0).is_none());
         c.handle_commit(seq, t0, answer(&[])).unwrap();
         let (_, _, r) = expect_commit(&mut c, t0);
@@ -554,6 +585,54 @@ mod tests {
             c.handle_commit(seq, t2, answer(&[])).unwrap().outcome,
             Outcome::Acked
         ));
+    }
+
+    /// A commit that must be retried while newer ones arrive is replaced by the newest, and
+    /// commits never go out of checkpoint order (a live run once committed 4, then 3).
+    #[test]
+    fn a_retrying_commit_gives_way_and_order_is_kept() {
+        let t0 = Instant::now();
+        let mut c = committer();
+        c.coordinator = Some(1);
+        c.offer(req(2, t0));
+        let (seq, _, _) = expect_commit(&mut c, t0);
+        c.offer(req(3, t0)); // queued behind the one in flight
+        // The coordinator is still loading: 2 goes back to waiting for a retry...
+        assert!(
+            c.handle_commit(
+                seq,
+                t0,
+                answer(&[(0, ResponseError::CoordinatorLoadInProgress)])
+            )
+            .is_none()
+        );
+        // ...and 3, newer, replaces it at once; 4 then replaces 3.
+        let t1 = t0 + Duration::from_millis(100);
+        let (seq, _, r) = expect_commit(&mut c, t1);
+        assert_eq!(r.topics[0].partitions[0].committed_offset, 3);
+        c.offer(req(4, t1));
+        assert!(
+            c.handle_commit(seq, t1, answer(&[(0, ResponseError::NotCoordinator)]))
+                .is_none()
+        );
+        c.offer(req(5, t1));
+        let superseded: Vec<_> = c
+            .take_superseded()
+            .iter()
+            .map(|r| r.checkpoint_id)
+            .collect();
+        assert_eq!(superseded, vec![Some(2), Some(3), Some(4)]);
+        let t2 = t1 + Duration::from_millis(100);
+        let f = expect_find(&mut c, t2);
+        c.handle_find_coordinator(f, t2, found(1)).unwrap();
+        let (seq, _, r) = expect_commit(&mut c, t2);
+        assert_eq!(r.topics[0].partitions[0].committed_offset, 5);
+        assert!(matches!(
+            c.handle_commit(seq, t2, answer(&[])).unwrap().outcome,
+            Outcome::Acked
+        ));
+        assert!(c.is_idle());
+        assert!(c.poll_action(t2).is_none());
     }
 
     #[test]
@@ -612,8 +691,9 @@ mod tests {
         let f = expect_find(&mut c, t0);
         c.handle_find_coordinator(f, t0, Err(Error::Closed))
             .unwrap();
-        let old = c.offer(req(2, t0)).unwrap();
-        assert_eq!(old.checkpoint_id, Some(1));
+        c.offer(req(2, t0));
+        let old = c.take_superseded();
+        assert_eq!(old[0].checkpoint_id, Some(1));
         let f = expect_find(&mut c, t0 + Duration::from_millis(100));
         c.handle_find_coordinator(f, t0, found(1)).unwrap();
         let (_, _, r) = expect_commit(&mut c, t0);
