@@ -312,15 +312,17 @@ pub fn commit_machine(ops: &[CommitOp]) {
                         Action::Commit { seq, node, request } => {
                             // Commits go out in checkpoint order: every offset of a request
                             // is its number (see `commit_request`), which never goes down.
+                            // (A request with no partitions carries no number.)
                             let sent = request
                                 .topics
                                 .iter()
                                 .flat_map(|t| t.partitions.iter())
                                 .map(|p| p.committed_offset)
-                                .max()
-                                .unwrap_or(-1);
-                            assert!(sent >= last_sent, "commit {sent} sent after {last_sent}");
-                            last_sent = sent;
+                                .max();
+                            if let Some(sent) = sent {
+                                assert!(sent >= last_sent, "commit {sent} sent after {last_sent}");
+                                last_sent = sent;
+                            }
                             assert!(in_flight.is_none(), "two commits in flight");
                             assert!(finding.is_none(), "a commit during a lookup");
                             assert_eq!(c.coordinator(), Some(node));
@@ -330,6 +332,9 @@ pub fn commit_machine(ops: &[CommitOp]) {
                             in_flight = Some(seq);
                         }
                     }
+                }
+                for old in c.take_superseded() {
+                    end(&mut fates, &old, Fate::Superseded);
                 }
             }
             CommitOp::FindAnswer {
@@ -407,6 +412,9 @@ pub fn commit_machine(ops: &[CommitOp]) {
                 "idle with a request out"
             );
         }
+    }
+    for old in c.take_superseded() {
+        end(&mut fates, &old, Fate::Superseded);
     }
     let pending = c.take_all();
     for r in &pending {
