@@ -679,8 +679,30 @@ async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Res
         );
     }
     let resp = conn.request(&req, v, Duration::ZERO).await?;
+    // v7 answers at the top level, v8+ per group; the other shape's fields stay empty.
+    let group_error = std::iter::once(resp.error_code)
+        .chain(resp.groups.iter().map(|g| g.error_code))
+        .find_map(ParseResponseErrorCode::err);
+    if let Some(code) = group_error {
+        return Err(Error::broker(
+            code,
+            format!("OffsetFetch for group {group}"),
+            None,
+        ));
+    }
+    let v7 = resp.topics.iter().flat_map(|t| {
+        t.partitions
+            .iter()
+            .map(move |p| (&t.name, p.partition_index, p.committed_offset, p.error_code))
+    });
+    let v8 = resp.groups.iter().flat_map(|g| &g.topics).flat_map(|t| {
+        t.partitions
+            .iter()
+            .map(move |p| (&t.name, p.partition_index, p.committed_offset, p.error_code))
+    });
     let mut out: Committed = tps.iter().map(|tp| (tp.clone(), None)).collect();
-    let mut put = |topic: &str, partition: i32, offset: i64, code: i16| -> Result<()> {
+    for (topic, partition, offset, code) in v7.chain(v8) {
+        let topic = topic.0.as_str();
         if let Some(code) = code.err() {
             return Err(Error::broker(
                 code,
@@ -690,46 +712,6 @@ async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Res
         }
         if let Some(slot) = out.get_mut(&TopicPartition::new(topic, partition)) {
             *slot = (offset >= 0).then_some(offset);
-        }
-        Ok(())
-    };
-    if v >= 8 {
-        for g in &resp.groups {
-            if let Some(code) = g.error_code.err() {
-                return Err(Error::broker(
-                    code,
-                    format!("OffsetFetch for group {group}"),
-                    None,
-                ));
-            }
-            for t in &g.topics {
-                for p in &t.partitions {
-                    put(
-                        t.name.0.as_str(),
-                        p.partition_index,
-                        p.committed_offset,
-                        p.error_code,
-                    )?;
-                }
-            }
-        }
-    } else {
-        if let Some(code) = resp.error_code.err() {
-            return Err(Error::broker(
-                code,
-                format!("OffsetFetch for group {group}"),
-                None,
-            ));
-        }
-        for t in &resp.topics {
-            for p in &t.partitions {
-                put(
-                    t.name.0.as_str(),
-                    p.partition_index,
-                    p.committed_offset,
-                    p.error_code,
-                )?;
-            }
         }
     }
     Ok(out)
