@@ -590,14 +590,26 @@ impl FetchState {
             out.refresh_metadata = matches!(fetch_recovery(code), FetchRecovery::RefreshMetadata);
             return out;
         }
+        // Responses name topics by id (v13+) or by name (v12); index the plan both ways once,
+        // rather than searching it for every partition of a large response.
+        let by_id: HashMap<(Uuid, i32), &FetchEntry> = plan
+            .entries
+            .iter()
+            .map(|e| ((e.topic_id, e.tp.partition), e))
+            .collect();
+        let by_name: HashMap<(&str, i32), &FetchEntry> = plan
+            .entries
+            .iter()
+            .map(|e| ((&*e.tp.topic, e.tp.partition), e))
+            .collect();
         for topic in resp.responses {
             for p in topic.partitions {
-                let entry = plan.entries.iter().find(|e| {
-                    e.tp.partition == p.partition_index
-                        && (e.topic_id == topic.topic_id && !topic.topic_id.is_nil()
-                            || topic.topic_id.is_nil() && topic.topic.0.as_str() == &*e.tp.topic)
-                });
-                let Some(entry) = entry else {
+                let entry = if topic.topic_id.is_nil() {
+                    by_name.get(&(topic.topic.0.as_str(), p.partition_index))
+                } else {
+                    by_id.get(&(topic.topic_id, p.partition_index))
+                };
+                let Some(&entry) = entry else {
                     tracing::debug!(
                         partition = p.partition_index,
                         "fetch response for a partition we did not ask for"
