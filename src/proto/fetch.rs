@@ -358,13 +358,7 @@ impl FetchState {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(node = plan.node, error = %e, "ListOffsets failed");
-                let backoff = self.cfg.retry_backoff;
-                for entry in &plan.entries {
-                    if let Some(s) = self.current(&entry.tp, entry.generation) {
-                        s.in_flight = false;
-                        s.back_off(now, backoff);
-                    }
-                }
+                self.release_and_back_off(plan.entries.iter().map(|e| (&e.tp, e.generation)), now);
                 out.refresh_metadata = true;
                 return out;
             }
@@ -546,6 +540,24 @@ impl FetchState {
             .with_topics(topics)
     }
 
+    /// After a failed request: its partitions are no longer in flight (whatever their
+    /// generation), and those still at the request's generation back off.
+    fn release_and_back_off<'a>(
+        &mut self,
+        entries: impl IntoIterator<Item = (&'a TopicPartition, u64)>,
+        now: Instant,
+    ) {
+        let backoff = self.cfg.retry_backoff;
+        for (tp, generation) in entries {
+            if let Some(s) = self.parts.get_mut(tp) {
+                s.in_flight = false;
+                if s.generation == generation {
+                    s.back_off(now, backoff);
+                }
+            }
+        }
+    }
+
     fn current(&mut self, tp: &TopicPartition, generation: u64) -> Option<&mut PartitionState> {
         self.parts
             .get_mut(tp)
@@ -569,24 +581,14 @@ impl FetchState {
             Ok(r) => r,
             Err(err) => {
                 tracing::debug!(node = plan.node, error = %err, "fetch failed");
-                let backoff = self.cfg.retry_backoff;
-                for e in &plan.entries {
-                    if let Some(s) = self.current(&e.tp, e.generation) {
-                        s.back_off(now, backoff);
-                    }
-                }
+                self.release_and_back_off(plan.entries.iter().map(|e| (&e.tp, e.generation)), now);
                 out.refresh_metadata = true;
                 return out;
             }
         };
         if let Some(code) = resp.error_code.err() {
             tracing::debug!(node = plan.node, ?code, "fetch failed at the top level");
-            let backoff = self.cfg.retry_backoff;
-            for e in &plan.entries {
-                if let Some(s) = self.current(&e.tp, e.generation) {
-                    s.back_off(now, backoff);
-                }
-            }
+            self.release_and_back_off(plan.entries.iter().map(|e| (&e.tp, e.generation)), now);
             out.refresh_metadata = matches!(fetch_recovery(code), FetchRecovery::RefreshMetadata);
             return out;
         }
@@ -1030,6 +1032,22 @@ mod tests {
         assert_eq!((c[0].fetch_offset, c[0].next_offset), (10, 12));
         let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
         assert_eq!(plan.entries[0].offset, 12);
+    }
+
+    #[test]
+    fn a_failed_list_offsets_after_a_seek_does_not_leave_the_partition_in_flight() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Earliest, 1)], false);
+        let plan = single(f.plan_list_offsets(now, &m));
+        f.seek(&tp(0), StartPosition::Latest, 2);
+        f.handle_list_offsets(plan, Err(Error::Closed), now);
+        let plan = single(f.plan_list_offsets(now, &m));
+        assert_eq!(
+            f.list_offsets_request(&plan).topics[0].partitions[0].timestamp,
+            -1
+        );
     }
 
     #[test]
