@@ -537,6 +537,33 @@ mod tests {
         drop(server.await.unwrap());
     }
 
+    /// A broker that accepts a request and never answers fails it after the request timeout,
+    /// and the connection is not trusted again.
+    #[tokio::test]
+    async fn a_silent_broker_times_out_the_request() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            handshake(&mut sock).await;
+            let _ = read_request(&mut sock).await;
+            sock // held open, silent
+        });
+        let mut o = opts();
+        o.request_timeout = Duration::from_millis(300);
+        let conn = Connection::connect(&addr, BrokerRef::Address(addr.clone()), o)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        match metadata(&conn).await {
+            Err(Error::Timeout { after, .. }) => assert_eq!(after, Duration::from_millis(300)),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(!conn.is_alive());
+        drop(server.await.unwrap());
+    }
+
     /// The reader checks the prefix before it reserves anything: after a 2 GiB prefix (or a
     /// negative one) its buffer is still the small initial one.
     #[tokio::test]
