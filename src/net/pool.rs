@@ -22,6 +22,11 @@ pub(crate) enum ConnKey {
     Data(i32),
     /// Everything but Fetch to a node: metadata, offsets, coordinator traffic.
     Control(i32),
+    /// Group membership requests to the coordinator (JoinGroup, SyncGroup, Heartbeat,
+    /// LeaveGroup, ConsumerGroupHeartbeat): a JoinGroup is parked by the broker until the
+    /// rebalance completes, and must not hold up commits or metadata.
+    #[allow(dead_code)] // the group protocols use it
+    Group(i32),
     /// A bootstrap address, by index, before metadata named the nodes.
     Bootstrap(usize),
 }
@@ -78,7 +83,7 @@ impl Pool {
 
     fn target(&self, key: ConnKey) -> Result<(String, BrokerRef)> {
         match key {
-            ConnKey::Data(id) | ConnKey::Control(id) => {
+            ConnKey::Data(id) | ConnKey::Control(id) | ConnKey::Group(id) => {
                 let addr = self
                     .node_addr(id)
                     .ok_or_else(|| Error::NoBroker(format!("node {id} is not in metadata")))?;
@@ -141,7 +146,7 @@ impl Pool {
         .unwrap_or(false)
     }
 
-    /// Any live connection that never carries a Fetch, else the first node (control
+    /// Any live connection that never carries a Fetch or a JoinGroup, else the first node (control
     /// connection) or bootstrap address that accepts one. For requests any broker answers:
     /// Metadata and FindCoordinator.
     pub(crate) async fn any(&self) -> Result<Arc<Connection>> {
@@ -150,7 +155,7 @@ impl Pool {
                 .slots
                 .lock()
                 .iter()
-                .filter(|(k, _)| !matches!(k, ConnKey::Data(_)))
+                .filter(|(k, _)| !matches!(k, ConnKey::Data(_) | ConnKey::Group(_)))
                 .map(|(_, s)| Arc::clone(s))
                 .collect();
             slots.into_iter().find_map(|s| {

@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, FetchRequest, FindCoordinatorRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetCommitRequest, OffsetFetchRequest,
+    ApiKey, ApiVersionsResponse, ConsumerGroupHeartbeatRequest, FetchRequest,
+    FindCoordinatorRequest, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::Request;
 
@@ -53,6 +54,23 @@ pub(crate) const FIND_COORDINATOR: Window =
 pub(crate) const OFFSET_COMMIT: Window = window::<OffsetCommitRequest>(ApiKey::OffsetCommit, 7, 9);
 /// OffsetFetch v8+ is the `groups[]` shape.
 pub(crate) const OFFSET_FETCH: Window = window::<OffsetFetchRequest>(ApiKey::OffsetFetch, 7, 9);
+
+/// JoinGroup v5 carries `group_instance_id` (KIP-345); v8 adds `reason`; v9 `skip_assignment`.
+#[allow(dead_code)] // the group protocols use it
+pub(crate) const JOIN_GROUP: Window = window::<JoinGroupRequest>(ApiKey::JoinGroup, 5, 9);
+/// SyncGroup v5 names the protocol type and name (KIP-559).
+#[allow(dead_code)] // the group protocols use it
+pub(crate) const SYNC_GROUP: Window = window::<SyncGroupRequest>(ApiKey::SyncGroup, 5, 5);
+/// Heartbeat v4 is the flexible version with `group_instance_id`.
+#[allow(dead_code)] // the group protocols use it
+pub(crate) const HEARTBEAT: Window = window::<HeartbeatRequest>(ApiKey::Heartbeat, 4, 4);
+/// LeaveGroup v3+ is the batched `members[]` shape; v5 adds `reason`.
+#[allow(dead_code)] // the group protocols use it
+pub(crate) const LEAVE_GROUP: Window = window::<LeaveGroupRequest>(ApiKey::LeaveGroup, 3, 5);
+/// ConsumerGroupHeartbeat (KIP-848, Kafka 4.0+); v1 adds `subscribed_topic_regex`.
+#[allow(dead_code)] // the group protocols use it
+pub(crate) const CONSUMER_GROUP_HEARTBEAT: Window =
+    window::<ConsumerGroupHeartbeatRequest>(ApiKey::ConsumerGroupHeartbeat, 0, 1);
 
 /// The versions one broker offers, from its ApiVersions response.
 #[derive(Clone, Debug, Default)]
