@@ -34,6 +34,7 @@ use crate::proto::chunk::ChunkCursor;
 use crate::proto::commit::{Action, Committer};
 use crate::proto::fetch::{FetchConfig, FetchEvent, FetchState};
 use crate::proto::frame;
+use crate::proto::group::consumer_protocol;
 use crate::proto::metadata::Metadata;
 use crate::proto::versions::{self, BrokerVersions, Window};
 use crate::types::{StartPosition, TopicPartition};
@@ -485,6 +486,41 @@ pub fn mailbox(ops: &[MailboxOp]) {
         taken + superseded + dropped + usize::from(left.is_some())
     );
     assert_eq!(mb.take(), None);
+}
+
+/// Arbitrary bytes as a ConsumerProtocol subscription and as an assignment (the JoinGroup member
+/// metadata and the SyncGroup assignment).
+///
+/// Whatever decodes is encoded again and decoded again: the second decode must give the same
+/// message (up to the order the encoder imposes: sorted topics and owned partitions, assigned
+/// partitions grouped by topic), and encoding that must give the same bytes.
+pub fn consumer_protocol(data: &[u8]) {
+    let data = Bytes::copy_from_slice(data);
+    if let Ok(s) = consumer_protocol::decode_subscription(&data) {
+        let bytes = consumer_protocol::encode_subscription(&s).expect("decoded values fit");
+        let again = consumer_protocol::decode_subscription(&bytes).expect("own encoding decodes");
+        let mut want = s;
+        want.topics.sort();
+        want.owned_partitions.sort();
+        assert_eq!(again, want);
+        assert_eq!(
+            consumer_protocol::encode_subscription(&again).ok(),
+            Some(bytes)
+        );
+    }
+    if let Ok(a) = consumer_protocol::decode_assignment(&data) {
+        let bytes = consumer_protocol::encode_assignment(&a).expect("decoded values fit");
+        let again = consumer_protocol::decode_assignment(&bytes).expect("own encoding decodes");
+        assert_eq!(again.user_data, a.user_data);
+        let (mut x, mut y) = (a.partitions, again.partitions.clone());
+        x.sort();
+        y.sort();
+        assert_eq!(x, y);
+        assert_eq!(
+            consumer_protocol::encode_assignment(&again).ok(),
+            Some(bytes)
+        );
+    }
 }
 
 fn tp(p: i32) -> TopicPartition {

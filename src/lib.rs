@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod assignor;
 pub mod blocking;
 mod checkpoint;
 pub mod config;
