@@ -241,6 +241,9 @@ pub enum Error {
     /// The configuration was rejected.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The group's partition assignor failed (this member was the group leader).
+    #[error("partition assignment failed: {0}")]
+    Assignor(#[from] crate::assignor::AssignorError),
     /// The consumer was closed, or its network loop ended.
     #[error("consumer closed")]
     Closed,
@@ -379,6 +382,7 @@ impl Error {
             },
             Self::NoBroker(s) => Self::NoBroker(s.clone()),
             Self::Config(c) => Self::Config(c.clone()),
+            Self::Assignor(e) => Self::Assignor(e.clone()),
             Self::Closed => Self::Closed,
         }
     }
