@@ -93,6 +93,9 @@ pub enum Outcome {
     Superseded,
     /// No acknowledgement before `commit.timeout.ms`.
     TimedOut,
+    /// Subscribe mode: every partition of the commit had been revoked or lost before it could
+    /// be sent, so nothing was committed (a member never commits partitions it does not own).
+    NotOwned,
 }
 
 impl fmt::Display for Outcome {
@@ -102,6 +105,7 @@ impl fmt::Display for Outcome {
             Self::Failed(e) => write!(f, "failed: {e}"),
             Self::Superseded => f.write_str("superseded"),
             Self::TimedOut => f.write_str("timed out"),
+            Self::NotOwned => f.write_str("not owned"),
         }
     }
 }
@@ -130,6 +134,8 @@ pub struct CommitStats {
     pub superseded: u64,
     /// Commits with no acknowledgement in time.
     pub timed_out: u64,
+    /// Subscribe mode: commits with nothing left to send, every partition revoked or lost.
+    pub not_owned: u64,
     /// Completions for checkpoint ids that were unknown or already subsumed (no commit).
     pub unknown_checkpoint: u64,
     /// Pending checkpoints dropped because more than `max.pending.checkpoints` were pending.
@@ -194,6 +200,20 @@ impl PendingCheckpoints {
         Completion::Commit(offsets, subsumed)
     }
 
+    /// Drops partitions from every pending checkpoint (they were revoked or lost): when such a
+    /// checkpoint completes, only what this member still owns is committed.
+    pub(crate) fn forget(&mut self, partitions: &[TopicPartition]) {
+        for offsets in self.entries.values_mut() {
+            if partitions.iter().any(|tp| offsets.contains_key(tp)) {
+                let mut kept = (**offsets).clone();
+                for tp in partitions {
+                    kept.remove(tp);
+                }
+                *offsets = Arc::new(kept);
+            }
+        }
+    }
+
     /// Aborts `id` only.
     pub(crate) fn abort(&mut self, id: u64) -> bool {
         self.entries.remove(&id).is_some()
@@ -234,6 +254,7 @@ impl CheckpointShared {
                 Outcome::Failed(_) => s.failed += 1,
                 Outcome::Superseded => s.superseded += 1,
                 Outcome::TimedOut => s.timed_out += 1,
+                Outcome::NotOwned => s.not_owned += 1,
             }
             match &outcome.outcome {
                 Outcome::Acked => {

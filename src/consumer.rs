@@ -21,14 +21,19 @@ use crate::checkpoint::{
     PartitionOffset, SOURCE_STATE_VERSION, SourceState,
 };
 use crate::config::{CommitMode, ConsumerConfig};
+use crate::config::{GroupProtocol, OffsetReset};
 use crate::error::{Error, Result};
 use crate::net::backoff::Backoff;
 use crate::net::connection::ConnOptions;
-use crate::net::driver::{Command, Committed, Delivery, Driver, DriverConfig, Shared};
+use crate::net::driver::{Command, Committed, Delivery, Driver, DriverConfig, Shared, Topics};
 use crate::net::pool::Pool;
 use crate::proto::chunk::ChunkCursor;
 use crate::proto::commit::Committer;
 use crate::proto::fetch::{Chunk, FetchConfig, FetchState};
+use crate::proto::group::{
+    GroupConfig, Membership, classic::ClassicMember, kip848::ConsumerMember,
+};
+use crate::rebalance::{RebalanceListener, Revocation};
 use crate::types::{Batch, StartPosition, TopicPartition};
 
 #[derive(Debug)]
@@ -134,6 +139,19 @@ pub struct Consumer {
     next_generation: u64,
     driver: Option<JoinHandle<()>>,
     closed: bool,
+    /// Subscribe mode: the group assigns the partitions.
+    subscribed: bool,
+    /// In a mutex only so that the consumer stays `Sync`; it is only used through `&mut self`.
+    listener: parking_lot::Mutex<Box<dyn RebalanceListener>>,
+    /// Subscribe mode: offsets from [`restore`](Self::restore), used when the group assigns
+    /// these partitions.
+    restored: HashMap<TopicPartition, (i64, i32)>,
+}
+
+impl std::fmt::Debug for dyn RebalanceListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RebalanceListener")
+    }
 }
 
 impl Consumer {
@@ -191,6 +209,25 @@ impl Consumer {
             )),
             _ => None,
         };
+        let group_membership = group.as_ref().map(|g| {
+            let gc = GroupConfig {
+                group_id: g.clone(),
+                instance_id: config.group_instance_id().map(str::to_owned),
+                session_timeout: config.session_timeout(),
+                rebalance_timeout: config.max_poll_interval(),
+                heartbeat_interval: config.heartbeat_interval(),
+                retry_backoff: config.retry_backoff(),
+                assignors: config
+                    .partition_assignment_strategy()
+                    .iter()
+                    .map(|s| crate::assignor::builtin(*s))
+                    .collect(),
+            };
+            match config.group_protocol() {
+                GroupProtocol::Consumer => Membership::Consumer(ConsumerMember::new(gc)),
+                _ => Membership::Classic(ClassicMember::new(gc)),
+            }
+        });
         let shared = Arc::new(Shared::default());
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
@@ -203,6 +240,7 @@ impl Consumer {
                 group,
                 close_timeout: config.close_timeout(),
                 request_timeout: config.request_timeout(),
+                max_poll_interval: config.max_poll_interval(),
             },
             pool,
             Arc::clone(&shared),
@@ -211,6 +249,7 @@ impl Consumer {
             out_tx,
             Arc::clone(&ckpt),
             committer,
+            group_membership,
         );
         let driver = handle.spawn(driver.run());
         Ok(Self {
@@ -229,6 +268,9 @@ impl Consumer {
             next_generation: 1,
             driver: Some(driver),
             closed: false,
+            subscribed: false,
+            listener: parking_lot::Mutex::new(Box::new(())),
+            restored: HashMap::new(),
         })
     }
 
@@ -248,8 +290,65 @@ impl Consumer {
         let _ = self.commands.send(cmd);
     }
 
+    /// Joins the group (`group.id`) and consumes the partitions it assigns from these topics.
+    /// With `group.protocol=classic` this member runs JoinGroup/SyncGroup with the assignors of
+    /// `partition.assignment.strategy`; with `consumer` (KIP-848) the broker assigns. Calling it
+    /// again changes the subscription (and rebalances). Assignment changes reach the
+    /// [`RebalanceListener`] from inside `poll`.
+    ///
+    /// Newly assigned partitions start at the group's committed offset (the offset restored by
+    /// [`restore`](Self::restore) wins), else at `auto.offset.reset`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] without a `group.id`, or after [`assign`](Self::assign).
+    pub fn subscribe<T: Into<String>>(
+        &mut self,
+        topics: impl IntoIterator<Item = T>,
+    ) -> Result<()> {
+        let names = topics.into_iter().map(Into::into).collect();
+        self.start_subscription(Topics::Names(names))
+    }
+
+    /// Like [`subscribe`](Self::subscribe), for every topic whose whole name matches a regular
+    /// expression (internal topics excluded). The classic protocol matches it against metadata,
+    /// refreshed every `metadata.max.age.ms`; KIP-848 sends it to the broker, which uses RE2J
+    /// syntax.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid expression, without a `group.id`, or after
+    /// [`assign`](Self::assign).
+    pub fn subscribe_pattern(&mut self, pattern: &str) -> Result<()> {
+        let anchored = format!("^(?:{pattern})$");
+        let re = regex::Regex::new(&anchored)
+            .map_err(|e| Error::config("subscription pattern", e.to_string()))?;
+        self.start_subscription(Topics::Pattern(re))
+    }
+
+    fn start_subscription(&mut self, topics: Topics) -> Result<()> {
+        if self.config.group_id().is_none() {
+            return Err(Error::config("group.id", "subscribe needs a group.id"));
+        }
+        if !self.subscribed && !self.partitions.is_empty() {
+            return Err(Error::config(
+                "subscription",
+                "this consumer has assigned partitions; assign and subscribe do not mix",
+            ));
+        }
+        self.subscribed = true;
+        self.send(Command::Subscribe(topics));
+        Ok(())
+    }
+
+    /// Sets the callbacks for assignment changes (subscribe mode). The default does nothing.
+    pub fn set_rebalance_listener(&mut self, listener: impl RebalanceListener + 'static) {
+        self.listener = parking_lot::Mutex::new(Box::new(listener));
+    }
+
     /// Replaces the assignment with these partitions, each read from its start position.
-    /// Partitions not listed stop being fetched; their buffered data is dropped.
+    /// Partitions not listed stop being fetched; their buffered data is dropped. Ignored (with
+    /// a warning) in subscribe mode, where the group assigns.
     pub fn assign(
         &mut self,
         partitions: impl IntoIterator<Item = (TopicPartition, StartPosition)>,
@@ -258,7 +357,8 @@ impl Consumer {
     }
 
     /// Starts from a checkpoint: assigns exactly the partitions in `state`, each at its
-    /// checkpointed offset. Restored offsets always win over anything committed in Kafka. An
+    /// checkpointed offset. In subscribe mode (call [`subscribe`](Self::subscribe) first) it
+    /// assigns nothing: the offsets are used for those partitions the group assigns. Restored offsets always win over anything committed in Kafka. An
     /// offset that is out of range follows `restore.offset.out.of.range` (an error by default),
     /// not `auto.offset.reset`.
     ///
@@ -274,6 +374,19 @@ impl Consumer {
                     state.version
                 ),
             ));
+        }
+        if self.subscribed {
+            self.restored = state
+                .partitions
+                .iter()
+                .map(|p| {
+                    (
+                        TopicPartition::new(p.topic.as_str(), p.partition),
+                        (p.next_offset, p.leader_epoch),
+                    )
+                })
+                .collect();
+            return Ok(());
         }
         let list: Vec<_> = state
             .partitions
@@ -302,6 +415,10 @@ impl Consumer {
         partitions: impl IntoIterator<Item = (TopicPartition, StartPosition)>,
         restored: bool,
     ) {
+        if self.subscribed {
+            tracing::warn!("assign() on a subscribed consumer is ignored; the group assigns");
+            return;
+        }
         let mut list = Vec::new();
         let mut next = HashMap::new();
         for (tp, start) in partitions {
@@ -413,10 +530,20 @@ impl Consumer {
     /// Cancel safe: if the future is dropped before it completes, no record is lost; the next
     /// call returns it.
     pub async fn poll(&mut self) -> Result<Batch> {
+        // Waiting in `poll` counts as polling for `max.poll.interval.ms`, until it returns or
+        // its future is dropped.
+        let _guard = PollGuard(Arc::clone(&self.shared));
         std::future::poll_fn(|cx| self.poll_batch(cx)).await
     }
 
     fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<Batch>> {
+        let r = self.poll_batch_inner(cx);
+        self.shared.polled(r.is_pending());
+        r
+    }
+
+    fn poll_batch_inner(&mut self, cx: &mut Context<'_>) -> Poll<Result<Batch>> {
+        self.shared.polled(false);
         self.release_held();
         self.maybe_commit_periodically();
         loop {
@@ -494,7 +621,107 @@ impl Consumer {
                 self.pending_errors.push(e);
                 None
             }
+            Delivery::Revoke(tps) => {
+                self.revoke(&tps, false);
+                self.send(Command::RevokeDone);
+                None
+            }
+            Delivery::Lost(tps) => {
+                self.revoke(&tps, true);
+                None
+            }
+            Delivery::Assigned { added } => {
+                self.assigned(added);
+                None
+            }
         }
+    }
+
+    /// The group takes partitions away (`lost`: they are gone already): the listener runs,
+    /// commits it asks for go out first, and the partitions' data is dropped.
+    fn revoke(&mut self, tps: &[TopicPartition], lost: bool) {
+        let tps: Vec<TopicPartition> = tps
+            .iter()
+            .filter(|tp| self.partitions.contains_key(*tp))
+            .cloned()
+            .collect();
+        if lost {
+            // Never committed: another member may own them already.
+            self.ckpt.pending.lock().forget(&tps);
+            self.listener.get_mut().on_partitions_lost(&tps);
+        } else {
+            let positions = self.handed_offsets();
+            let mut rev = Revocation {
+                partitions: &tps,
+                positions: &positions,
+                commit: None,
+            };
+            self.listener.get_mut().on_partitions_revoked(&mut rev);
+            let mut commit = rev.commit;
+            if commit.is_none() && matches!(self.config.commit_mode(), CommitMode::Periodic(_)) {
+                commit = Some(positions);
+            }
+            // Pending checkpoints lose the revoked partitions (see the `rebalance` module).
+            self.ckpt.pending.lock().forget(&tps);
+            if let Some(offsets) = commit.filter(|o| !o.is_empty()) {
+                self.ckpt.submit(CommitRequest {
+                    checkpoint_id: None,
+                    offsets: Arc::new(offsets),
+                    created: Instant::now(),
+                });
+            }
+        }
+        for tp in &tps {
+            self.partitions.remove(tp);
+        }
+        let gone: std::collections::HashSet<&TopicPartition> = tps.iter().collect();
+        self.drop_parked(|c| gone.contains(&c.tp));
+        self.drop_ready(|r| gone.contains(r.tp()));
+        self.send(Command::Unassign(tps));
+    }
+
+    /// The group assigned partitions: each starts at its restored offset, its committed
+    /// offset, or `auto.offset.reset`.
+    fn assigned(&mut self, added: Vec<(TopicPartition, Option<i64>)>) {
+        let mut restored = Vec::new();
+        let mut plain = Vec::new();
+        let mut names = Vec::with_capacity(added.len());
+        for (tp, committed) in added {
+            let generation = self.generation();
+            let (start, from_checkpoint, epoch) = match (self.restored.get(&tp), committed) {
+                (Some((o, e)), _) => (StartPosition::Offset(*o), true, *e),
+                (None, Some(o)) => (StartPosition::Offset(o), false, -1),
+                (None, None) => match self.config.auto_offset_reset() {
+                    OffsetReset::Earliest => (StartPosition::Earliest, false, -1),
+                    OffsetReset::Latest => (StartPosition::Latest, false, -1),
+                    OffsetReset::Error => {
+                        // Owned, not read, until the application seeks.
+                        let l = Local::new(generation, StartPosition::Earliest);
+                        self.pending_errors
+                            .push(Error::NoCommittedOffset(tp.clone()));
+                        self.partitions.insert(tp.clone(), l);
+                        names.push(tp);
+                        continue;
+                    }
+                },
+            };
+            let mut local = Local::new(generation, start);
+            local.leader_epoch = epoch;
+            self.partitions.insert(tp.clone(), local);
+            names.push(tp.clone());
+            if from_checkpoint {
+                restored.push((tp, start, generation));
+            } else {
+                plain.push((tp, start, generation));
+            }
+        }
+        if !restored.is_empty() {
+            self.send(Command::Add(restored, true));
+        }
+        if !plain.is_empty() {
+            self.send(Command::Add(plain, false));
+        }
+        self.listener.get_mut().on_partitions_assigned(&names);
     }
 
     /// Hands a decoded chunk to the application: moves the position, returns the records (or
@@ -813,6 +1040,24 @@ impl Consumer {
         if self.closed {
             return;
         }
+        // Subscribe mode: the listener hears of the revocation (and may commit) first.
+        if self.subscribed && !self.partitions.is_empty() {
+            let all: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
+            let positions = self.handed_offsets();
+            let mut rev = Revocation {
+                partitions: &all,
+                positions: &positions,
+                commit: None,
+            };
+            self.listener.get_mut().on_partitions_revoked(&mut rev);
+            if let Some(offsets) = rev.commit.filter(|o| !o.is_empty()) {
+                self.ckpt.submit(CommitRequest {
+                    checkpoint_id: None,
+                    offsets: Arc::new(offsets),
+                    created: Instant::now(),
+                });
+            }
+        }
         self.closed = true;
         // Periodic mode commits what was handed out last, as the Java client's auto-commit does
         // on close; checkpoint mode flushes only what a completed checkpoint left pending.
@@ -872,6 +1117,15 @@ pub struct FetchStats {
     pub responses: u64,
     /// The group coordinator's node id, -1 if not known.
     pub coordinator: i32,
+}
+
+/// Marks the end of a `poll` call, however it ends.
+struct PollGuard(Arc<Shared>);
+
+impl Drop for PollGuard {
+    fn drop(&mut self) {
+        self.0.polled(false);
+    }
 }
 
 fn clamp_i32(v: usize) -> i32 {

@@ -227,6 +227,11 @@ pub enum Error {
     /// An operation named a partition that is not assigned to this consumer.
     #[error("partition {0} is not assigned")]
     NotAssigned(TopicPartition),
+    /// Subscribe mode: the group assigned a partition that has no committed offset, and
+    /// `auto.offset.reset` is `none`. The partition is not read until
+    /// [`seek`](crate::Consumer::seek) gives it a position.
+    #[error("no committed offset for {0} and auto.offset.reset is none")]
+    NoCommittedOffset(TopicPartition),
     /// A request or operation did not complete in time.
     #[error("{what} timed out after {after:?}")]
     Timeout {
@@ -376,6 +381,7 @@ impl Error {
             },
             Self::UnknownPartition(tp) => Self::UnknownPartition(tp.clone()),
             Self::NotAssigned(tp) => Self::NotAssigned(tp.clone()),
+            Self::NoCommittedOffset(tp) => Self::NoCommittedOffset(tp.clone()),
             Self::Timeout { what, after } => Self::Timeout {
                 what: what.clone(),
                 after: *after,

@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod handover;
 mod net;
 pub(crate) mod proto;
+pub mod rebalance;
 pub mod records;
 mod sync;
 mod types;
@@ -29,4 +30,5 @@ pub use config::{
 };
 pub use consumer::{Consumer, FetchStats};
 pub use error::{ApiContext, BrokerRef, ConfigError, Error, ProtocolViolation, Result};
+pub use rebalance::{RebalanceListener, Revocation};
 pub use types::{Batch, Record, StartPosition, TimestampType, TopicPartition};

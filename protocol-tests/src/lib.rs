@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod consume;
+pub mod group;
 mod java;
 mod lock;
 mod probe;

@@ -34,9 +34,14 @@ use crate::error::{Error, Result};
 use crate::net::pool::{ConnKey, Pool};
 use crate::proto::commit::{self, Action, Committer, Finished};
 use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, ListPlan, Outcome};
+use crate::proto::group::Membership;
 use crate::proto::metadata::{Metadata, TopicProblem};
 use crate::proto::versions;
 use crate::types::{StartPosition, TopicPartition};
+
+mod group;
+
+pub(crate) use group::Topics;
 
 /// State shared between the consumer handle and its network loop.
 #[derive(Debug)]
@@ -51,6 +56,21 @@ pub(crate) struct Shared {
     pub(crate) fetches_done: AtomicUsize,
     /// The group coordinator's node id, or -1.
     pub(crate) coordinator: std::sync::atomic::AtomicI32,
+    /// When the application last called `poll`, in ms since the loop started.
+    pub(crate) last_poll_ms: std::sync::atomic::AtomicU64,
+    /// True while the application waits in `poll` (waiting counts as polling).
+    pub(crate) in_poll: std::sync::atomic::AtomicBool,
+    /// The origin of `last_poll_ms`.
+    pub(crate) epoch: std::time::Instant,
+}
+
+impl Shared {
+    /// Records a call to `poll` (`waiting`: it is about to wait for data).
+    pub(crate) fn polled(&self, waiting: bool) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_poll_ms.store(ms, Ordering::Release);
+        self.in_poll.store(waiting, Ordering::Release);
+    }
 }
 
 impl Default for Shared {
@@ -61,6 +81,9 @@ impl Default for Shared {
             fetches_sent: AtomicUsize::new(0),
             fetches_done: AtomicUsize::new(0),
             coordinator: std::sync::atomic::AtomicI32::new(-1),
+            last_poll_ms: std::sync::atomic::AtomicU64::new(0),
+            in_poll: std::sync::atomic::AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
         }
     }
 }
@@ -74,12 +97,20 @@ pub(crate) enum Command {
     /// The new assignment; `true` when it comes from a restored checkpoint.
     Assign(Vec<(TopicPartition, StartPosition, u64)>, bool),
     Seek(TopicPartition, StartPosition, u64),
+    /// Subscribe mode: partitions the group assigned; `true` when from a restored checkpoint.
+    Add(Vec<(TopicPartition, StartPosition, u64)>, bool),
+    /// Subscribe mode: partitions given up.
+    Unassign(Vec<TopicPartition>),
     Pause(Vec<TopicPartition>, bool),
     /// The consumer found corrupt data at this generation; stop fetching.
     Fail(TopicPartition, u64),
     StartOffset(TopicPartition, oneshot::Sender<Result<i64>>),
     /// The group's committed offsets for these partitions (OffsetFetch).
     Committed(Vec<TopicPartition>, oneshot::Sender<Result<Committed>>),
+    /// Join the group with this subscription.
+    Subscribe(Topics),
+    /// The application gave up the partitions of the last `Delivery::Revoke`.
+    RevokeDone,
     Close(oneshot::Sender<()>),
 }
 
@@ -94,6 +125,14 @@ pub(crate) enum Delivery {
     },
     /// An error not tied to one partition (e.g. a topic that does not exist).
     Error(Error),
+    /// The group takes these partitions away; answer with `Command::RevokeDone`.
+    Revoke(Vec<TopicPartition>),
+    /// These partitions are no longer this member's (the membership was lost).
+    Lost(Vec<TopicPartition>),
+    /// The group assigned these partitions, with their committed offsets.
+    Assigned {
+        added: Vec<(TopicPartition, Option<i64>)>,
+    },
 }
 
 enum Completion {
@@ -104,6 +143,19 @@ enum Completion {
     Commit(u64, Result<OffsetCommitResponse>),
     /// A query finished; its answer went to its own channel.
     Answered,
+    GroupFind(u64, Result<(i32, String)>),
+    Join(u64, Result<kafka_protocol::messages::JoinGroupResponse>),
+    LeaderMetadata(u64, Result<BTreeMap<String, i32>>),
+    Sync(u64, Result<kafka_protocol::messages::SyncGroupResponse>),
+    Heartbeat(u64, Result<kafka_protocol::messages::HeartbeatResponse>),
+    ConsumerHeartbeat(
+        u64,
+        Result<kafka_protocol::messages::ConsumerGroupHeartbeatResponse>,
+    ),
+    /// Committed offsets of a new assignment.
+    Positions(Vec<TopicPartition>, i32, Result<Committed>),
+    /// A LeaveGroup (or leave heartbeat) finished.
+    Left,
 }
 
 /// Settings the loop needs beyond the fetch state machine's.
@@ -116,6 +168,7 @@ pub(crate) struct DriverConfig {
     pub(crate) group: Option<String>,
     pub(crate) close_timeout: Duration,
     pub(crate) request_timeout: Duration,
+    pub(crate) max_poll_interval: Duration,
 }
 
 pub(crate) struct Driver {
@@ -141,6 +194,15 @@ pub(crate) struct Driver {
     ckpt: Arc<CheckpointShared>,
     committer: Option<Committer>,
     closing: Option<(oneshot::Sender<()>, Instant)>,
+    group: Option<Membership>,
+    subscription: Option<Topics>,
+    events: group::EventQueue,
+    fatal_reported: bool,
+    poll_timed_out: bool,
+    /// Leave requests in flight.
+    leaving: usize,
+    /// The leave was sent (at close).
+    left: bool,
 }
 
 impl Driver {
@@ -154,11 +216,19 @@ impl Driver {
         out: mpsc::UnboundedSender<Delivery>,
         ckpt: Arc<CheckpointShared>,
         committer: Option<Committer>,
+        group: Option<Membership>,
     ) -> Self {
         Self {
             ckpt,
             committer,
             closing: None,
+            group,
+            subscription: None,
+            events: group::EventQueue::default(),
+            fatal_reported: false,
+            poll_timed_out: false,
+            leaving: 0,
+            left: false,
             cfg,
             pool,
             shared,
@@ -219,8 +289,17 @@ impl Driver {
         let Some((_, deadline)) = &self.closing else {
             return false;
         };
+        let deadline = *deadline;
         let idle = self.committer.as_ref().is_none_or(Committer::is_idle);
-        if !idle && now < *deadline {
+        if !idle && now < deadline {
+            return false;
+        }
+        // Then leave the group, and wait for the answer within the same deadline.
+        if !self.left {
+            self.left = true;
+            self.leave_group();
+        }
+        if self.leaving > 0 && now < deadline {
             return false;
         }
         if let Some(c) = self.committer.as_mut() {
@@ -251,6 +330,7 @@ impl Driver {
         let Some(c) = self.committer.as_mut() else {
             return;
         };
+        let early = c.take_finished();
         for old in c.take_superseded() {
             self.ckpt.report(CommitOutcome {
                 checkpoint_id: old.checkpoint_id,
@@ -258,6 +338,9 @@ impl Driver {
                 offsets: old.offsets,
                 outcome: crate::checkpoint::Outcome::Superseded,
             });
+        }
+        for f in early {
+            self.finish_commit(f);
         }
     }
 
@@ -282,6 +365,9 @@ impl Driver {
         if let Some((_, t)) = &self.closing {
             wake = Some(wake.map_or(*t, |w| w.min(*t)));
         }
+        if let Some(t) = self.group_wake() {
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        }
         let meta_due = if self.metadata_wanted {
             Some(self.metadata_not_before)
         } else {
@@ -304,7 +390,21 @@ impl Driver {
                     .retain(|(tp, _)| self.fetch.is_assigned(tp));
             }
             Command::Seek(tp, pos, generation) => {
-                self.fetch.seek(&tp, pos, generation);
+                let owned = self.group.as_ref().is_some_and(|m| m.owned().contains(&tp));
+                if !self.fetch.seek(&tp, pos, generation) && owned {
+                    // An owned partition that had no start position yet.
+                    self.fetch.add(vec![(tp, pos, generation)], false);
+                    self.metadata_wanted = true;
+                }
+            }
+            Command::Add(list, restored) => {
+                self.fetch.add(list, restored);
+                self.metadata_wanted = true;
+            }
+            Command::Unassign(tps) => {
+                self.fetch.unassign(&tps);
+                self.start_waiters
+                    .retain(|(tp, _)| self.fetch.is_assigned(tp));
             }
             Command::Pause(tps, paused) => {
                 for tp in &tps {
@@ -321,6 +421,8 @@ impl Driver {
                 self.answer_start_waiters();
             }
             Command::Committed(tps, reply) => self.query_committed(tps, reply),
+            Command::Subscribe(topics) => self.subscribe(topics),
+            Command::RevokeDone => self.revoke_done(),
             Command::Close(_) => {}
         }
     }
@@ -390,14 +492,15 @@ impl Driver {
                 .metadata_at
                 .is_none_or(|t| now >= t + self.cfg.metadata_max_age);
             let wanted = self.metadata_wanted || self.fetch.needs_metadata(&self.meta);
-            if (stale || wanted)
-                && now >= self.metadata_not_before
-                && !self.fetch.topics().is_empty()
-            {
+            let req = if (stale || wanted) && now >= self.metadata_not_before {
+                self.metadata_request()
+            } else {
+                None
+            };
+            if let Some(req) = req {
                 self.metadata_in_flight = true;
                 self.metadata_wanted = false;
                 let pool = Arc::clone(&self.pool);
-                let req = Metadata::request(&self.fetch.topics());
                 self.inflight.push(Box::pin(async move {
                     let res = async {
                         let conn = pool.any().await?;
@@ -422,6 +525,7 @@ impl Driver {
                 Completion::List(plan, res)
             }));
         }
+        self.schedule_group(now);
         while let Some(action) = self.committer.as_mut().and_then(|c| c.poll_action(std_now)) {
             self.spawn_commit_action(action);
         }
@@ -490,6 +594,16 @@ impl Driver {
         let now = Instant::now().into_std();
         match done {
             Completion::Answered => {}
+            Completion::Positions(added, generation, res) => {
+                self.handle_positions(added, generation, res);
+            }
+            done @ (Completion::GroupFind(..)
+            | Completion::Join(..)
+            | Completion::LeaderMetadata(..)
+            | Completion::Sync(..)
+            | Completion::Heartbeat(..)
+            | Completion::ConsumerHeartbeat(..)
+            | Completion::Left) => self.handle_group_completion(done),
             Completion::FindCoordinator(seq, res) => {
                 let Some(c) = self.committer.as_mut() else {
                     return;
@@ -497,7 +611,9 @@ impl Driver {
                 match c.handle_find_coordinator(seq, now, res) {
                     Ok(Some((node, addr))) => {
                         self.pool.add_node(node, addr);
-                        self.shared.coordinator.store(node, Ordering::Relaxed);
+                        if self.group.is_none() {
+                            self.shared.coordinator.store(node, Ordering::Relaxed);
+                        }
                     }
                     Ok(None) => {}
                     Err(f) => self.finish_commit(*f),
@@ -508,10 +624,13 @@ impl Driver {
                     return;
                 };
                 let finished = c.handle_commit(seq, now, res);
-                if c.coordinator().is_none() {
+                if c.coordinator().is_none() && self.group.is_none() {
                     self.shared.coordinator.store(-1, Ordering::Relaxed);
                 }
                 if let Some(f) = finished {
+                    if let Some(code) = f.refused {
+                        self.group_commit_refused(code);
+                    }
                     self.finish_commit(f);
                 }
             }
@@ -524,8 +643,13 @@ impl Driver {
                         self.pool.set_nodes(self.meta.brokers().clone());
                         self.metadata_at = Some(Instant::now());
                         self.metadata_not_before = Instant::now() + self.cfg.retry_backoff;
+                        let assigned = self.fetch.topics();
                         for TopicProblem::Error(topic, code) in problems {
-                            if self.reported_topics.insert(Arc::clone(&topic)) {
+                            // Only assigned topics are errors; a subscribed topic that does
+                            // not exist yet simply gets no partitions.
+                            if assigned.contains(&topic)
+                                && self.reported_topics.insert(Arc::clone(&topic))
+                            {
                                 tracing::warn!(%topic, ?code, "metadata error for an assigned topic");
                                 let err = Error::broker(
                                     code,
@@ -544,6 +668,7 @@ impl Driver {
                         for t in known {
                             self.reported_topics.remove(&t);
                         }
+                        self.group_metadata();
                     }
                     Err(e) => {
                         self.metadata_failures += 1;
@@ -612,32 +737,8 @@ async fn sleep_until(at: Option<Instant>) {
 /// The group's committed offsets for `tps`: FindCoordinator, then OffsetFetch with
 /// `require_stable` (KIP-447) on the coordinator's connection.
 async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Result<Committed> {
-    let conn = pool.any().await?;
-    let v = conn.version(versions::FIND_COORDINATOR)?;
-    let resp = conn
-        .request(
-            &commit::find_coordinator_request(group, v),
-            v,
-            Duration::ZERO,
-        )
-        .await?;
-    let (code, node, host, port) = match resp.coordinators.first() {
-        Some(c) => (c.error_code, c.node_id.0, c.host.to_string(), c.port),
-        None => (
-            resp.error_code,
-            resp.node_id.0,
-            resp.host.to_string(),
-            resp.port,
-        ),
-    };
-    if let Some(code) = code.err() {
-        return Err(Error::broker(
-            code,
-            format!("FindCoordinator for group {group}"),
-            None,
-        ));
-    }
-    pool.add_node(node, format!("{host}:{port}"));
+    let (node, addr) = group::find_coordinator(pool, group).await?;
+    pool.add_node(node, addr);
     let conn = pool.get(ConnKey::Control(node)).await?;
     let v = conn.version(versions::OFFSET_FETCH)?;
     let mut by_topic: BTreeMap<Arc<str>, Vec<i32>> = BTreeMap::new();

@@ -8,8 +8,11 @@
 //!              └── a newer offer replaces `next` (and a `current` not yet sent): Superseded
 //! ```
 //!
-//! Commits use generation -1 and no member id: the consumer is not a group member (as Flink's
-//! sources), so the broker accepts them while the group has no live members.
+//! With assigned partitions, commits use generation -1 and no member id: the consumer is not a
+//! group member (as Flink's sources), so the broker accepts them while the group has no live
+//! members. A subscribed consumer commits as a member: each request is built when it is sent,
+//! with the generation (or KIP-848 member epoch) of that moment, and only for partitions the
+//! member owns then. While the member has no generation (mid-rebalance) a commit waits.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +27,11 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use std::collections::BTreeSet;
+
 use crate::checkpoint::{CommitRequest, Offsets, Outcome};
 use crate::error::Error;
+use crate::proto::group::Identity;
 use crate::types::TopicPartition;
 
 /// What the driver must do next.
@@ -48,6 +54,8 @@ pub(crate) struct Finished {
     pub(crate) outcome: Outcome,
     /// Partitions the coordinator stored (all of them when acked).
     pub(crate) stored: Vec<(TopicPartition, i64)>,
+    /// A refusal that concerns the group membership (the member must rejoin).
+    pub(crate) refused: Option<ResponseError>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +88,13 @@ pub(crate) struct Committer {
     next: Option<CommitRequest>,
     /// Requests replaced by newer ones, for the driver to report.
     superseded: Vec<CommitRequest>,
+    /// Commits that ended without a request (nothing owned left to commit).
+    finished_early: Vec<Finished>,
     seq: u64,
+    /// Group mode: the member's identity now (`None`: no generation, commits wait).
+    member: Option<Identity>,
+    /// Group mode: the partitions the member owns now.
+    owned: Option<BTreeSet<TopicPartition>>,
 }
 
 impl Committer {
@@ -93,8 +107,21 @@ impl Committer {
             current: None,
             next: None,
             superseded: Vec::new(),
+            finished_early: Vec::new(),
             seq: 0,
+            member: None,
+            owned: None,
         }
+    }
+
+    /// Group mode: who commits, and what it owns, from now on.
+    pub(crate) fn set_member(
+        &mut self,
+        member: Option<Identity>,
+        owned: Option<BTreeSet<TopicPartition>>,
+    ) {
+        self.member = member;
+        self.owned = owned;
     }
 
     /// The coordinator in use, if known.
@@ -118,6 +145,11 @@ impl Committer {
             self.superseded.push(old);
         }
         self.promote_next();
+    }
+
+    /// Commits that ended without being sent since the last call.
+    pub(crate) fn take_finished(&mut self) -> Vec<Finished> {
+        std::mem::take(&mut self.finished_early)
     }
 
     /// Requests replaced by newer ones since the last call, oldest first.
@@ -171,12 +203,34 @@ impl Committer {
                     cur.phase = Phase::NeedCoordinator { not_before: now };
                     return self.poll_action(now);
                 };
+                if self.owned.is_some() && self.member.is_none() {
+                    // Mid-rebalance: wait for a generation (or the deadline).
+                    return None;
+                }
+                if let Some(owned) = &self.owned
+                    && !cur.request.offsets.keys().any(|tp| owned.contains(tp))
+                {
+                    // Every partition of it went to another member: nothing may be sent.
+                    let cur = self.current.take()?;
+                    self.finished_early.push(Finished {
+                        request: cur.request,
+                        outcome: Outcome::NotOwned,
+                        stored: Vec::new(),
+                        refused: None,
+                    });
+                    return self.poll_action(now);
+                }
                 self.seq += 1;
                 cur.phase = Phase::InFlight { seq: self.seq };
                 Some(Action::Commit {
                     seq: self.seq,
                     node,
-                    request: commit_request(&self.group, &cur.request.offsets),
+                    request: commit_request(
+                        &self.group,
+                        &cur.request.offsets,
+                        self.member.as_ref(),
+                        self.owned.as_ref(),
+                    ),
                 })
             }
             _ => None,
@@ -209,6 +263,7 @@ impl Committer {
             request: cur.request,
             outcome: Outcome::TimedOut,
             stored: Vec::new(),
+            refused: None,
         })
     }
 
@@ -270,6 +325,7 @@ impl Committer {
                     message.map(|m| m.to_string()),
                 )),
                 stored: Vec::new(),
+                refused: None,
             }));
         }
         if node < 0 || port <= 0 {
@@ -307,7 +363,13 @@ impl Committer {
         let mut retry_coordinator = false;
         let mut retry_later = false;
         let mut fatal: Vec<(TopicPartition, ResponseError)> = Vec::new();
-        for (tp, (offset, _)) in cur.request.offsets.iter() {
+        let owned = self.owned.as_ref();
+        let sent = cur
+            .request
+            .offsets
+            .iter()
+            .filter(|(tp, _)| owned.is_none_or(|o| o.contains(*tp)));
+        for (tp, (offset, _)) in sent {
             let code = resp
                 .topics
                 .iter()
@@ -324,7 +386,8 @@ impl Committer {
                 )) => retry_coordinator = true,
                 Some(Some(
                     ResponseError::CoordinatorLoadInProgress
-                    | ResponseError::UnknownTopicOrPartition,
+                    | ResponseError::UnknownTopicOrPartition
+                    | ResponseError::StaleMemberEpoch,
                 )) => retry_later = true,
                 Some(Some(code)) => fatal.push((tp.clone(), code)),
                 None => fatal.push((tp.clone(), ResponseError::UnknownServerError)),
@@ -369,10 +432,21 @@ impl Committer {
         } else {
             Outcome::Acked
         };
+        let refused = fatal.iter().map(|(_, c)| *c).find(|c| {
+            matches!(
+                c,
+                ResponseError::IllegalGeneration
+                    | ResponseError::UnknownMemberId
+                    | ResponseError::RebalanceInProgress
+                    | ResponseError::FencedInstanceId
+                    | ResponseError::FencedMemberEpoch
+            )
+        });
         Some(Finished {
             request: cur.request,
             outcome,
             stored,
+            refused,
         })
     }
 
@@ -404,10 +478,19 @@ fn diagnosis(code: ResponseError) -> &'static str {
     }
 }
 
-/// The OffsetCommit request for these offsets, sent without group membership.
-pub(crate) fn commit_request(group: &GroupId, offsets: &Arc<Offsets>) -> OffsetCommitRequest {
+/// The OffsetCommit request for these offsets: as a member (`member`, only the `owned`
+/// partitions), or without group membership.
+pub(crate) fn commit_request(
+    group: &GroupId,
+    offsets: &Arc<Offsets>,
+    member: Option<&Identity>,
+    owned: Option<&BTreeSet<TopicPartition>>,
+) -> OffsetCommitRequest {
     let mut topics: Vec<OffsetCommitRequestTopic> = Vec::new();
-    for (tp, (offset, epoch)) in offsets.iter() {
+    let sent = offsets
+        .iter()
+        .filter(|(tp, _)| owned.is_none_or(|o| o.contains(*tp)));
+    for (tp, (offset, epoch)) in sent {
         let p = OffsetCommitRequestPartition::default()
             .with_partition_index(tp.partition)
             .with_committed_offset(*offset)
@@ -424,11 +507,18 @@ pub(crate) fn commit_request(group: &GroupId, offsets: &Arc<Offsets>) -> OffsetC
             ),
         }
     }
-    OffsetCommitRequest::default()
+    let req = OffsetCommitRequest::default()
         .with_group_id(group.clone())
-        .with_generation_id_or_member_epoch(-1)
-        .with_member_id(StrBytes::from_static_str(""))
-        .with_topics(topics)
+        .with_topics(topics);
+    match member {
+        Some(m) => req
+            .with_generation_id_or_member_epoch(m.generation_or_epoch)
+            .with_member_id(StrBytes::from_string(m.member_id.clone()))
+            .with_group_instance_id(m.instance_id.clone().map(StrBytes::from_string)),
+        None => req
+            .with_generation_id_or_member_epoch(-1)
+            .with_member_id(StrBytes::from_static_str("")),
+    }
 }
 
 /// The FindCoordinator request for a group, at `version` (v3: `key`, v4+: `coordinator_keys`).

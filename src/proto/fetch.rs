@@ -220,6 +220,28 @@ impl FetchState {
         self.parts = next;
     }
 
+    /// Adds partitions (subscribe mode), each under its own generation; partitions already
+    /// assigned are replaced.
+    pub(crate) fn add(&mut self, list: Vec<(TopicPartition, StartPosition, u64)>, restored: bool) {
+        let reset = if restored {
+            self.cfg.restore_reset
+        } else {
+            self.cfg.reset
+        };
+        for (tp, start, generation) in list {
+            self.parts
+                .insert(tp, PartitionState::new(start, generation, reset));
+        }
+    }
+
+    /// Stops fetching partitions (subscribe mode: revoked or lost). A fetch in flight for them
+    /// is ignored when it returns.
+    pub(crate) fn unassign(&mut self, tps: &[TopicPartition]) {
+        for tp in tps {
+            self.parts.remove(tp);
+        }
+    }
+
     /// Moves a partition to a new start position under a new generation.
     pub(crate) fn seek(
         &mut self,

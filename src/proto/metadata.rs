@@ -22,6 +22,8 @@ pub(crate) struct Leader {
 #[derive(Clone, Debug)]
 pub(crate) struct TopicMeta {
     pub(crate) id: Uuid,
+    /// An internal topic (`__consumer_offsets`, `__transaction_state`).
+    pub(crate) internal: bool,
     /// Leaders by partition index.
     pub(crate) partitions: HashMap<i32, Leader>,
 }
@@ -55,6 +57,30 @@ impl Metadata {
                     })
                     .collect(),
             ))
+    }
+
+    /// A request for every topic (pattern subscriptions).
+    pub(crate) fn request_all() -> MetadataRequest {
+        MetadataRequest::default()
+            .with_allow_auto_topic_creation(false)
+            .with_topics(None)
+    }
+
+    /// Every known topic's name, and whether it is internal.
+    pub(crate) fn topic_names(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.topics.iter().map(|(n, t)| (&**n, t.internal))
+    }
+
+    /// The number of partitions of a topic, if known.
+    pub(crate) fn partition_count(&self, topic: &str) -> Option<i32> {
+        self.topics
+            .get(topic)
+            .map(|t| i32::try_from(t.partitions.len()).unwrap_or(i32::MAX))
+    }
+
+    /// A topic's name by id.
+    pub(crate) fn name_by_id(&self, id: &Uuid) -> Option<&Arc<str>> {
+        self.names.get(id)
     }
 
     /// Applies a response. Topics absent from the response keep their old entry; topics the
@@ -109,6 +135,7 @@ impl Metadata {
                 name,
                 TopicMeta {
                     id: t.topic_id,
+                    internal: t.is_internal,
                     partitions,
                 },
             );

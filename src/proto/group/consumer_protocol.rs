@@ -11,9 +11,6 @@
 //! Hand-written rather than kafka-protocol's decoders, which size their allocations by the
 //! element counts on the wire: here every count is checked against the bytes left before
 //! anything is allocated, and malformed bytes give a [`ConsumerProtocolError`] with the offset.
-// The group membership code that calls these is not written yet; the tests and the fuzz target
-// use them meanwhile.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::fmt;

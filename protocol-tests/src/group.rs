@@ -1,0 +1,272 @@
+//! Running group members in tests: subscribed consumers on tasks of their own, with every
+//! assignment change and record recorded, and the checks that ownership never overlaps and no
+//! record is lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kafka_source::{Consumer, ConsumerConfig, RebalanceListener, Revocation, TopicPartition};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// An ownership change of one member, in the order they happened (one shared log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The member got these partitions.
+    Assigned(String, Vec<TopicPartition>),
+    /// The member gave these up (it still owned them until this point).
+    Revoked(String, Vec<TopicPartition>),
+    /// The member lost these.
+    Lost(String, Vec<TopicPartition>),
+}
+
+/// What all members of a test saw.
+#[derive(Debug, Default)]
+pub struct GroupLog {
+    /// Ownership changes, in order.
+    pub changes: Vec<(Instant, Change)>,
+    /// Records by partition and offset: how many times each was handed out.
+    pub records: BTreeMap<TopicPartition, BTreeMap<i64, u32>>,
+}
+
+impl GroupLog {
+    /// Who owns what after the log's changes.
+    pub fn owners(&self) -> BTreeMap<TopicPartition, BTreeSet<String>> {
+        let mut owners: BTreeMap<TopicPartition, BTreeSet<String>> = BTreeMap::new();
+        for (_, c) in &self.changes {
+            match c {
+                Change::Assigned(m, tps) => {
+                    for tp in tps {
+                        owners.entry(tp.clone()).or_default().insert(m.clone());
+                    }
+                }
+                Change::Revoked(m, tps) | Change::Lost(m, tps) => {
+                    for tp in tps {
+                        owners.entry(tp.clone()).or_default().remove(m);
+                    }
+                }
+            }
+        }
+        owners
+    }
+
+    /// Panics if a partition was ever owned by two members at once, among members that
+    /// report revocations (`ignore`: members that were killed and never report again). An
+    /// ownership that ends in `Lost` is exempt: the member learns of the loss at its next
+    /// poll, after the group may have moved on.
+    pub fn assert_no_overlap(&self, ignore: &BTreeSet<String>) {
+        let mut owners: BTreeMap<TopicPartition, BTreeSet<String>> = BTreeMap::new();
+        for (i, (at, c)) in self.changes.iter().enumerate() {
+            match c {
+                Change::Assigned(m, tps) => {
+                    for tp in tps {
+                        let o = owners.entry(tp.clone()).or_default();
+                        o.insert(m.clone());
+                        let live: Vec<_> = o
+                            .iter()
+                            .filter(|x| !ignore.contains(*x) && !self.ends_lost(i, x, tp))
+                            .collect();
+                        assert!(
+                            live.len() <= 1,
+                            "{tp} owned by {live:?} at once (at {at:?}); log: {:#?}",
+                            self.changes
+                        );
+                    }
+                }
+                Change::Revoked(m, tps) | Change::Lost(m, tps) => {
+                    for tp in tps {
+                        owners.entry(tp.clone()).or_default().remove(m);
+                    }
+                }
+            }
+        }
+    }
+
+    /// True if `member`'s next change of `tp` after change `i` is `Lost`.
+    fn ends_lost(&self, i: usize, member: &str, tp: &TopicPartition) -> bool {
+        for (_, c) in &self.changes[i + 1..] {
+            match c {
+                Change::Lost(m, tps) if m == member && tps.contains(tp) => return true,
+                Change::Assigned(m, tps) | Change::Revoked(m, tps)
+                    if m == member && tps.contains(tp) =>
+                {
+                    return false;
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// Distinct records handed out.
+    pub fn distinct(&self) -> u64 {
+        self.records.values().map(|m| m.len() as u64).sum()
+    }
+
+    /// Panics unless every offset below `end[p]` of every partition was handed out.
+    pub fn assert_complete(&self, topic: &str, end: &BTreeMap<i32, i64>) {
+        for (p, e) in end {
+            let tp = TopicPartition::new(topic, *p);
+            let seen = self.records.get(&tp);
+            for o in 0..*e {
+                assert!(
+                    seen.is_some_and(|m| m.contains_key(&o)),
+                    "{tp} offset {o} was never handed out"
+                );
+            }
+        }
+    }
+}
+
+struct Listener {
+    name: String,
+    log: Arc<Mutex<GroupLog>>,
+}
+
+impl RebalanceListener for Listener {
+    fn on_partitions_revoked(&mut self, revocation: &mut Revocation<'_>) {
+        revocation.commit_positions();
+        self.log.lock().changes.push((
+            Instant::now(),
+            Change::Revoked(self.name.clone(), revocation.partitions().to_vec()),
+        ));
+    }
+
+    fn on_partitions_assigned(&mut self, assigned: &[TopicPartition]) {
+        self.log.lock().changes.push((
+            Instant::now(),
+            Change::Assigned(self.name.clone(), assigned.to_vec()),
+        ));
+    }
+
+    fn on_partitions_lost(&mut self, lost: &[TopicPartition]) {
+        self.log.lock().changes.push((
+            Instant::now(),
+            Change::Lost(self.name.clone(), lost.to_vec()),
+        ));
+    }
+}
+
+/// A subscribed consumer polling on a task of its own.
+#[derive(Debug)]
+pub struct Member {
+    /// Its name in the log.
+    pub name: String,
+    stop: watch::Sender<bool>,
+    /// Stalls: while set, the member does not poll.
+    stall: mpsc::UnboundedSender<Duration>,
+    task: JoinHandle<kafka_source::CommitStats>,
+}
+
+impl Member {
+    /// Starts a member subscribed to `topics`, logging into `log`.
+    pub fn start(
+        name: &str,
+        config: ConsumerConfig,
+        topics: &[&str],
+        log: &Arc<Mutex<GroupLog>>,
+    ) -> Member {
+        let (stop, mut stop_rx) = watch::channel(false);
+        let (stall, mut stall_rx) = mpsc::unbounded_channel::<Duration>();
+        let log2 = Arc::clone(log);
+        let name2 = name.to_owned();
+        let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        let task = tokio::spawn(async move {
+            let mut c = Consumer::new(config).expect("consumer");
+            c.set_rebalance_listener(Listener {
+                name: name2.clone(),
+                log: Arc::clone(&log2),
+            });
+            c.subscribe(topics).expect("subscribe");
+            loop {
+                if *stop_rx.borrow() {
+                    break;
+                }
+                tokio::select! {
+                    r = c.poll() => match r {
+                        Ok(b) => {
+                            let mut l = log2.lock();
+                            let m = l.records.entry(b.partition.clone()).or_default();
+                            for r in &b.records {
+                                *m.entry(r.offset).or_default() += 1;
+                            }
+                        }
+                        Err(e) => tracing::warn!(member = %name2, error = %e, "poll error"),
+                    },
+                    _ = stop_rx.changed() => {}
+                    Some(d) = stall_rx.recv() => {
+                        // The application is busy: no poll at all.
+                        tokio::time::sleep(d).await;
+                    }
+                }
+            }
+            c.close().await
+        });
+        Member {
+            name: name.to_owned(),
+            stop,
+            stall,
+            task,
+        }
+    }
+
+    /// Stops polling for `d` (the application is busy).
+    pub fn stall(&self, d: Duration) {
+        let _ = self.stall.send(d);
+    }
+
+    /// Closes the consumer (leaving the group) and returns its commit counters.
+    pub async fn close(self) -> kafka_source::CommitStats {
+        let _ = self.stop.send(true);
+        self.task.await.expect("member task")
+    }
+
+    /// Drops the consumer without closing it (no LeaveGroup, no commits), as a crash would.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+/// Waits until `check` holds for the log, or panics after `timeout` with `what`.
+pub async fn wait_for(
+    log: &Arc<Mutex<GroupLog>>,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn(&GroupLog) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let done = check(&log.lock());
+        if done {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let changes = log.lock().changes.clone();
+            panic!("timed out waiting for {what}; log: {changes:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// True when each of `members` owns at least one partition, every partition of `topic`
+/// (`0..n`) has exactly one owner among them, and nobody else owns any.
+pub fn converged(log: &GroupLog, topic: &str, n: i32, members: &[&str]) -> bool {
+    let owners = log.owners();
+    let members: BTreeSet<String> = members.iter().map(|m| (*m).to_owned()).collect();
+    let mut per_member: BTreeMap<&String, usize> = BTreeMap::new();
+    for p in 0..n {
+        let tp = TopicPartition::new(topic, p);
+        let Some(o) = owners.get(&tp) else {
+            return false;
+        };
+        if o.len() != 1 || !o.is_subset(&members) {
+            return false;
+        }
+        for m in o {
+            *per_member.entry(m).or_default() += 1;
+        }
+    }
+    per_member.len() == members.len().min(n as usize)
+}

@@ -1,0 +1,219 @@
+//! Consumer groups against a real broker: subscribed members share a topic's partitions, hand
+//! them over without overlap, and lose no record.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_source::{AssignmentStrategy, CommitMode, ConsumerConfig, GroupProtocol, OffsetReset};
+use parking_lot::Mutex;
+use protocol_tests::consume::{config, unique};
+use protocol_tests::group::{GroupLog, Member, converged, wait_for};
+use protocol_tests::{Cluster, ProduceSpec};
+
+fn member_config(
+    bootstrap: &str,
+    group: &str,
+    protocol: GroupProtocol,
+    strategy: Option<AssignmentStrategy>,
+) -> ConsumerConfig {
+    let mut b = config(bootstrap)
+        .group_id(group)
+        .group_protocol(protocol)
+        .commit_mode(CommitMode::Periodic(Duration::from_millis(500)))
+        .auto_offset_reset(OffsetReset::Earliest);
+    if protocol == GroupProtocol::Classic {
+        b = b
+            .session_timeout(Duration::from_secs(10))
+            .heartbeat_interval(Duration::from_secs(1));
+        if let Some(s) = strategy {
+            b = b.partition_assignment_strategy([s]);
+        }
+    }
+    b.build().expect("config")
+}
+
+async fn share_a_topic(protocol: GroupProtocol, strategy: Option<AssignmentStrategy>) {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("group");
+    let group = unique("g");
+    cluster.create_topic(&topic, 6, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 6,
+        count: 6_000,
+        value_size: 20,
+        ..ProduceSpec::default()
+    });
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let cfg = || member_config(&cluster.bootstrap(), &group, protocol, strategy);
+    let a = Member::start("a", cfg(), &[&topic], &log);
+    wait_for(&log, Duration::from_secs(60), "a owns everything", |l| {
+        converged(l, &topic, 6, &["a"])
+    })
+    .await;
+    let b = Member::start("b", cfg(), &[&topic], &log);
+    let c = Member::start("c", cfg(), &[&topic], &log);
+    wait_for(&log, Duration::from_secs(90), "a, b, c share", |l| {
+        converged(l, &topic, 6, &["a", "b", "c"])
+    })
+    .await;
+    wait_for(&log, Duration::from_secs(60), "every record", |l| {
+        l.distinct() == 6_000
+    })
+    .await;
+    // A member leaves gracefully: the others take over its partitions.
+    b.close().await;
+    wait_for(&log, Duration::from_secs(60), "a, c share", |l| {
+        converged(l, &topic, 6, &["a", "c"])
+    })
+    .await;
+    let end = cluster.end_offsets(&topic);
+    log.lock().assert_no_overlap(&BTreeSet::new());
+    log.lock().assert_complete(&topic, &end);
+    a.close().await;
+    c.close().await;
+    // Every partition's committed offset is its end: nothing left unconsumed or uncommitted.
+    let committed = cluster.committed_offsets(&group);
+    for (p, e) in &end {
+        assert_eq!(
+            committed.get(&(topic.clone(), *p)).copied().flatten(),
+            Some(*e),
+            "partition {p}: committed {committed:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn classic_range_members_share_a_topic() {
+    share_a_topic(GroupProtocol::Classic, Some(AssignmentStrategy::Range)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kip848_members_share_a_topic() {
+    share_a_topic(GroupProtocol::Consumer, None).await;
+}
+
+/// Heartbeats run on the network loop: an application that stalls past the session timeout
+/// but within `max.poll.interval.ms` keeps its partitions; one that stalls past
+/// `max.poll.interval.ms` loses them, and rejoins cleanly when it polls again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalls_keep_or_lose_the_membership_by_max_poll_interval() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("stall");
+    let group = unique("g");
+    cluster.create_topic(&topic, 4, 1, &[]);
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let cfg = || {
+        config(&cluster.bootstrap())
+            .group_id(group.as_str())
+            .commit_mode(CommitMode::Periodic(Duration::from_millis(500)))
+            .auto_offset_reset(OffsetReset::Earliest)
+            .session_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_millis(500))
+            .max_poll_interval(Duration::from_secs(15))
+            .partition_assignment_strategy([AssignmentStrategy::Range])
+            .build()
+            .expect("config")
+    };
+    let a = Member::start("a", cfg(), &[&topic], &log);
+    let b = Member::start("b", cfg(), &[&topic], &log);
+    wait_for(&log, Duration::from_secs(60), "a, b share", |l| {
+        converged(l, &topic, 4, &["a", "b"])
+    })
+    .await;
+    let before = log.lock().changes.len();
+    // 10 s: past the 6 s session timeout, within the 15 s poll interval.
+    a.stall(Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let changes = log.lock().changes.clone();
+    assert_eq!(
+        changes.len(),
+        before,
+        "a stall shorter than max.poll.interval.ms changed the assignment: {changes:#?}"
+    );
+    // 25 s: past the poll interval. `a` loses its partitions to `b`, then rejoins.
+    a.stall(Duration::from_secs(25));
+    wait_for(&log, Duration::from_secs(40), "b owns everything", |l| {
+        converged(l, &topic, 4, &["b"])
+    })
+    .await;
+    wait_for(&log, Duration::from_secs(60), "a is back", |l| {
+        converged(l, &topic, 4, &["a", "b"])
+    })
+    .await;
+    log.lock().assert_no_overlap(&BTreeSet::new());
+    a.close().await;
+    b.close().await;
+}
+
+/// A static member (`group.instance.id`) that restarts within the session timeout gets its
+/// partitions back without a rebalance: the other member's assignment never changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn static_member_restart_keeps_the_assignment() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("static");
+    let group = unique("g");
+    cluster.create_topic(&topic, 4, 1, &[]);
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let cfg = |id: &str| {
+        config(&cluster.bootstrap())
+            .group_id(group.as_str())
+            .group_instance_id(id)
+            .commit_mode(CommitMode::Periodic(Duration::from_millis(500)))
+            .auto_offset_reset(OffsetReset::Earliest)
+            .session_timeout(Duration::from_secs(30))
+            .heartbeat_interval(Duration::from_secs(1))
+            .partition_assignment_strategy([AssignmentStrategy::Range])
+            .build()
+            .expect("config")
+    };
+    let a = Member::start("a", cfg("instance-a"), &[&topic], &log);
+    let b = Member::start("b", cfg("instance-b"), &[&topic], &log);
+    wait_for(&log, Duration::from_secs(60), "a, b share", |l| {
+        converged(l, &topic, 4, &["a", "b"])
+    })
+    .await;
+    let owned_by_a: Vec<_> = log
+        .lock()
+        .owners()
+        .into_iter()
+        .filter(|(_, o)| o.contains("a"))
+        .map(|(tp, _)| tp)
+        .collect();
+    let b_changes = |l: &GroupLog| {
+        l.changes
+            .iter()
+            .filter(|(_, c)| match c {
+                protocol_tests::group::Change::Assigned(m, _)
+                | protocol_tests::group::Change::Revoked(m, _)
+                | protocol_tests::group::Change::Lost(m, _) => m == "b",
+            })
+            .count()
+    };
+    let b_before = b_changes(&log.lock());
+    // Closing a static member sends no LeaveGroup; its restart takes its place again.
+    a.close().await;
+    let a2 = Member::start("a2", cfg("instance-a"), &[&topic], &log);
+    wait_for(
+        &log,
+        Duration::from_secs(30),
+        "a2 owns a's partitions",
+        |l| {
+            let owners = l.owners();
+            owned_by_a
+                .iter()
+                .all(|tp| owners.get(tp).is_some_and(|o| o.contains("a2")))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = b_changes(&log.lock());
+    let changes = log.lock().changes.clone();
+    assert_eq!(after, b_before, "b saw a rebalance: {changes:#?}");
+    a2.close().await;
+    b.close().await;
+}
