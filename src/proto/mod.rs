@@ -6,6 +6,7 @@ pub(crate) mod chunk;
 pub(crate) mod commit;
 pub(crate) mod fetch;
 pub(crate) mod frame;
+pub(crate) mod guard;
 pub(crate) mod metadata;
 pub(crate) mod records;
 pub(crate) mod recovery;
