@@ -1,5 +1,6 @@
 //! Test support for kafka-source: real Apache Kafka brokers started from the Maven jars, the Kafka
-//! command-line tools, and a deterministic Java producer, for the live-broker tests in `tests/`.
+//! command-line tools, and a deterministic Java producer, for the live-broker tests in `tests/`;
+//! and a scripted in-process mock broker ([`mock`]) for the hostile-broker tests.
 //!
 //! See [`cluster`] and this crate's README.
 
@@ -7,6 +8,7 @@ pub mod cluster;
 pub mod consume;
 mod java;
 mod lock;
+pub mod mock;
 mod probe;
 mod records;
 mod tools;
