@@ -10,6 +10,7 @@ mod java;
 mod lock;
 pub mod mock;
 mod probe;
+pub mod proxy;
 mod records;
 mod tools;
 
