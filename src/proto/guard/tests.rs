@@ -806,22 +806,33 @@ fn fuzz_regressions_are_refused() {
 }
 
 /// Every committed seed and regression input of the `frame` and `fetch_response` targets goes
-/// through the guard and the decoder without aborting; the synthetic seeds decode.
+/// through the guard and the decoder without aborting, and every response captured from a
+/// real broker (`real-*`) passes the guard and decodes.
 #[test]
 fn fuzz_inputs_replay() {
+    let mut real = 0;
     for sub in ["corpus/frame", "regressions/frame"] {
         for (name, data) in files(&fuzz_dir(sub)) {
-            let _ = (name, replay_frame(&data));
+            let result = replay_frame(&data);
+            if name.starts_with("real-") {
+                assert!(matches!(result, Some(Ok(()))), "{name}: {result:?}");
+                real += 1;
+            }
         }
     }
     for sub in ["corpus/fetch_response", "regressions/fetch_response"] {
-        for (_, data) in files(&fuzz_dir(sub)) {
+        for (name, data) in files(&fuzz_dir(sub)) {
             let [version, _, body @ ..] = &data[..] else {
                 continue;
             };
             let v = versions::FETCH.min
                 + i16::from(*version) % (versions::FETCH.max - versions::FETCH.min + 1);
-            let _ = decode(ApiKey::Fetch, Bytes::copy_from_slice(body), v);
+            let result = decode(ApiKey::Fetch, Bytes::copy_from_slice(body), v);
+            if name.starts_with("real-") {
+                assert!(result.is_ok(), "{name}: {result:?}");
+                real += 1;
+            }
         }
     }
+    assert!(real > 0, "the real-broker seeds are replayed");
 }
