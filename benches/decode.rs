@@ -1,6 +1,6 @@
 //! Fetch-path decode cost: a ~1 MiB `FetchResponse` (one partition, ~16 KiB batches of ~100-byte
-//! JSON-like values) per codec, decoded from `Bytes`, split into batches, and every batch decoded
-//! into a reused `Vec<Record>`. Throughput is counted in uncompressed record-batch bytes, the
+//! JSON-like values) per codec, checked by the structural guard, decoded from `Bytes`, split into
+//! batches, and every batch decoded into a reused `Vec<Record>`; and the guard alone. Throughput is counted in uncompressed record-batch bytes, the
 //! same for every codec. kafka-protocol's own `RecordBatchDecoder` runs on the same bytes as a
 //! baseline (its lz4 and zstd are the C libraries).
 //!
@@ -22,7 +22,7 @@ use kafka_protocol::records::{
     RecordEncodeOptions, TimestampType,
 };
 use kafka_source::Record;
-use kafka_source::records::{BatchIter, DecodeLimits, decode_batch};
+use kafka_source::records::{BatchIter, DecodeLimits, check_fetch_response, decode_batch};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 /// The system allocator, instrumented: counts allocations and reallocations.
@@ -137,8 +137,9 @@ fn fetch_response(records: Bytes) -> Bytes {
     buf.freeze()
 }
 
-/// The path under test: decode the response, split, decode every batch.
+/// The path under test: check the response's structure, decode it, split, decode every batch.
 fn decode_response(frame: &Bytes, out: &mut Vec<Record>) -> usize {
+    check_fetch_response(frame, FETCH_VERSION).unwrap();
     let response = FetchResponse::decode(&mut frame.clone(), FETCH_VERSION).unwrap();
     let limits = DecodeLimits::default();
     out.clear();
@@ -208,6 +209,16 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(decode_response_kafka_protocol(black_box(frame))))
         });
     }
+    group.finish();
+
+    // The structural check alone, on the uncompressed response (its cost does not depend on
+    // the codec: it reads the records field's length, not its bytes).
+    let mut group = c.benchmark_group("fetch_check");
+    let (_, frame, plain) = &cases[0];
+    group.throughput(Throughput::Bytes(*plain as u64));
+    group.bench_function("check_fetch_response", |b| {
+        b.iter(|| check_fetch_response(black_box(frame), FETCH_VERSION).unwrap())
+    });
     group.finish();
 }
 

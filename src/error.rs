@@ -115,6 +115,23 @@ pub enum ProtocolViolation {
         /// The limit in bytes.
         limit: usize,
     },
+    /// A response body's structure was impossible, found before it was decoded: a length or
+    /// element count that cannot fit in the bytes left, a body cut short, a malformed varint or
+    /// tagged field.
+    #[error("{api:?} v{version} response, field `{field}` at byte {offset}: {reason}")]
+    Malformed {
+        /// The response's API.
+        api: ApiKey,
+        /// The version it was decoded at.
+        version: i16,
+        /// The field's path in the body, e.g. `responses[0].partitions[3].aborted_transactions`.
+        field: String,
+        /// Where the offending length or field starts, counted from the start of the frame
+        /// after its length prefix.
+        offset: usize,
+        /// What was wrong.
+        reason: String,
+    },
     /// A response did not make sense for the request it answers.
     #[error("{0}")]
     Unexpected(String),

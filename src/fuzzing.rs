@@ -19,11 +19,12 @@ use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::{
-    ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse,
-    FindCoordinatorRequest, FindCoordinatorResponse, ListOffsetsRequest, MetadataRequest,
-    MetadataResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, TopicName,
+    ApiKey, ApiVersionsRequest, BrokerId, ConsumerGroupHeartbeatRequest, FetchRequest,
+    FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
+    JoinGroupRequest, LeaveGroupRequest, ListOffsetsRequest, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, SyncGroupRequest, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Message, StrBytes};
+use kafka_protocol::protocol::{Message, StrBytes};
 use uuid::Uuid;
 
 use crate::checkpoint::{CommitRequest, Offsets, Outcome};
@@ -45,8 +46,8 @@ const MAX_FRAME: usize = 1 << 20;
 /// The topic id of topic `t` in the metadata the harnesses use.
 pub const TOPIC_ID: Uuid = Uuid::from_u128(42);
 
-/// The response types [`frame`] decodes, selected by the input's first byte (modulo 7).
-pub const FRAME_APIS: [&str; 7] = [
+/// The response types [`frame`] decodes, selected by the input's first byte (modulo 12).
+pub const FRAME_APIS: [&str; 12] = [
     "ApiVersions",
     "Metadata",
     "Fetch",
@@ -54,12 +55,17 @@ pub const FRAME_APIS: [&str; 7] = [
     "FindCoordinator",
     "OffsetCommit",
     "OffsetFetch",
+    "JoinGroup",
+    "SyncGroup",
+    "Heartbeat",
+    "LeaveGroup",
+    "ConsumerGroupHeartbeat",
 ];
 
 /// A response frame as the network layer sees it, preceded by two selector bytes:
 /// `[api, version, length prefix (4 bytes), correlation id, rest of header, body]`.
 ///
-/// `api % 7` indexes [`FRAME_APIS`]; `version` is taken modulo the size of our version window
+/// `api % 12` indexes [`FRAME_APIS`]; `version` is taken modulo the size of our version window
 /// for that API. The length prefix goes through the size check, the rest through
 /// `correlation_id` and the response decoder, and what decodes is applied to the state it feeds
 /// (version negotiation, metadata, a ListOffsets plan, the commit machine).
@@ -75,7 +81,7 @@ pub fn frame(data: &[u8]) {
     let apiv = (0, <ApiVersionsRequest as Message>::VERSIONS.max);
     let pick = |(min, max): (i16, i16)| min + i16::from(*version) % (max - min + 1);
     let w = |w: Window| (w.min, w.max);
-    match api % 7 {
+    match api % 12 {
         0 => api_versions(raw, pick(apiv)),
         1 => {
             if let Ok(r) =
@@ -131,9 +137,26 @@ pub fn frame(data: &[u8]) {
                 }
             }
         }
-        _ => {
+        6 => {
             let v = pick(w(versions::OFFSET_FETCH));
             let _ = frame::decode_response::<OffsetFetchRequest>(raw, v);
+        }
+        7 => {
+            let _ = frame::decode_response::<JoinGroupRequest>(raw, pick(w(versions::JOIN_GROUP)));
+        }
+        8 => {
+            let _ = frame::decode_response::<SyncGroupRequest>(raw, pick(w(versions::SYNC_GROUP)));
+        }
+        9 => {
+            let _ = frame::decode_response::<HeartbeatRequest>(raw, pick(w(versions::HEARTBEAT)));
+        }
+        10 => {
+            let v = pick(w(versions::LEAVE_GROUP));
+            let _ = frame::decode_response::<LeaveGroupRequest>(raw, v);
+        }
+        _ => {
+            let v = pick(w(versions::CONSUMER_GROUP_HEARTBEAT));
+            let _ = frame::decode_response::<ConsumerGroupHeartbeatRequest>(raw, v);
         }
     }
 }
@@ -142,8 +165,7 @@ pub fn frame(data: &[u8]) {
 /// UNSUPPORTED_VERSION answer is a v0 body whatever version was asked.
 fn api_versions(raw: Bytes, version: i16) {
     if frame::peek_error_code_after_v0_header(&raw) == Some(35) && version > 0 {
-        let mut body = raw.slice(4..);
-        let _ = ApiVersionsResponse::decode(&mut body, 0);
+        let _ = frame::decode_api_versions_fallback(&raw);
         return;
     }
     if let Ok(r) = frame::decode_response::<ApiVersionsRequest>(raw, version) {
@@ -180,8 +202,8 @@ pub fn fetch_response(data: &[u8]) {
     } else {
         IsolationLevel::ReadUncommitted
     };
-    let mut body = Bytes::copy_from_slice(body);
-    let Ok(resp) = FetchResponse::decode(&mut body, version) else {
+    let body = Bytes::copy_from_slice(body);
+    let Ok(resp) = frame::decode_body::<FetchResponse>(ApiKey::Fetch, body, version, 0) else {
         return;
     };
     let now = Instant::now();

@@ -28,3 +28,15 @@ pub use crate::proto::records::{
     AbortedTransactions, BatchAction, BatchHeader, BatchIter, Compression, ControlType,
     DecodeLimits, RecordBatch, control_type, decode_batch,
 };
+
+/// Checks the structure of a FetchResponse `body` (after the response header) at `version`
+/// before it is handed to kafka-protocol's decoder.
+///
+/// kafka-protocol 0.18 reserves memory for an array from the element count on the wire before
+/// decoding an element, so a few bytes claiming billions of elements abort the process. This
+/// walk rejects every array count, string, bytes or records length that cannot fit in the bytes
+/// left, without reading the record data itself. The consumer runs the same check on every
+/// response it decodes.
+pub fn check_fetch_response(body: &[u8], version: i16) -> Result<(), crate::ProtocolViolation> {
+    crate::proto::guard::check_response(kafka_protocol::messages::ApiKey::Fetch, version, body, 0)
+}

@@ -1,5 +1,6 @@
 //! Test support for kafka-source: real Apache Kafka brokers started from the Maven jars, the Kafka
-//! command-line tools, and a deterministic Java producer, for the live-broker tests in `tests/`.
+//! command-line tools, and a deterministic Java producer, for the live-broker tests in `tests/`;
+//! and a scripted in-process mock broker ([`mock`]) for the hostile-broker tests.
 //!
 //! See [`cluster`] and this crate's README.
 
@@ -8,7 +9,9 @@ pub mod consume;
 pub mod group;
 mod java;
 mod lock;
+pub mod mock;
 mod probe;
+pub mod proxy;
 mod records;
 mod tools;
 

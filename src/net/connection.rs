@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse};
-use kafka_protocol::protocol::{Decodable, Message, Request, StrBytes};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
+use kafka_protocol::protocol::{Message, Request, StrBytes};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -154,13 +154,8 @@ impl Connection {
             };
             let raw = self.send_raw(&req, api).await?;
             if frame::peek_error_code_after_v0_header(&raw) == Some(35) && version > 0 {
-                let mut body = raw.slice(4..);
-                let v0 =
-                    ApiVersionsResponse::decode(&mut body, 0).map_err(|source| Error::Decode {
-                        broker: self.shared.broker.clone(),
-                        api,
-                        source,
-                    })?;
+                let v0 = frame::decode_api_versions_fallback(&raw)
+                    .map_err(|e| self.decode_error(api, e))?;
                 let theirs = v0
                     .api_keys
                     .iter()
@@ -170,14 +165,8 @@ impl Connection {
                 version = theirs.min(version - 1).max(0);
                 continue;
             }
-            let resp =
-                frame::decode_response::<ApiVersionsRequest>(raw, version).map_err(|source| {
-                    Error::Decode {
-                        broker: self.shared.broker.clone(),
-                        api,
-                        source,
-                    }
-                })?;
+            let resp = frame::decode_response::<ApiVersionsRequest>(raw, version)
+                .map_err(|e| self.decode_error(api, e))?;
             if let Some(code) = kafka_protocol::error::ParseResponseErrorCode::err(resp.error_code)
             {
                 return Err(Error::broker(
@@ -234,15 +223,33 @@ impl Connection {
         extra_wait: Duration,
     ) -> Result<R::Response> {
         let api = ApiContext {
-            api: api_key::<R>(),
+            api: frame::api_key::<R>(),
             version,
         };
         let raw = self.send_raw_with_wait(req, api, extra_wait).await?;
-        frame::decode_response::<R>(raw, version).map_err(|source| Error::Decode {
-            broker: self.shared.broker.clone(),
-            api,
-            source,
-        })
+        frame::decode_response::<R>(raw, version).map_err(|e| self.decode_error(api, e))
+    }
+
+    /// The error for a response that did not decode. A body the structural check refused
+    /// poisons the connection: a broker that sends impossible lengths is not trusted further.
+    fn decode_error(&self, api: ApiContext, e: frame::DecodeError) -> Error {
+        match e {
+            frame::DecodeError::Violation(violation) => {
+                let err = Error::Protocol {
+                    broker: self.shared.broker.clone(),
+                    api: Some(api),
+                    violation,
+                };
+                tracing::warn!(broker = %self.shared.broker, error = %err, "malformed response; closing connection");
+                self.shared.poison(err.duplicate());
+                err
+            }
+            frame::DecodeError::Decode(source) => Error::Decode {
+                broker: self.shared.broker.clone(),
+                api,
+                source,
+            },
+        }
     }
 
     async fn send_raw<R: Request>(&self, req: &R, api: ApiContext) -> Result<Bytes> {
@@ -292,10 +299,6 @@ impl Connection {
             }
         }
     }
-}
-
-fn api_key<R: Request>() -> ApiKey {
-    ApiKey::try_from(R::KEY).unwrap_or(ApiKey::ApiVersions)
 }
 
 async fn write_loop(
@@ -410,6 +413,7 @@ mod tests {
     use super::*;
     use crate::proto::versions;
     use bytes::BufMut;
+    use kafka_protocol::messages::ApiVersionsResponse;
     use kafka_protocol::messages::api_versions_response::ApiVersion;
     use kafka_protocol::messages::{
         MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader,

@@ -368,11 +368,13 @@ impl Driver {
         if let Some(t) = self.group_wake() {
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
-        let meta_due = if self.metadata_wanted {
-            Some(self.metadata_not_before)
-        } else {
-            self.metadata_at.map(|t| t + self.cfg.metadata_max_age)
-        };
+        let meta_due = metadata_due(
+            self.metadata_wanted,
+            self.fetch.needs_metadata(&self.meta),
+            self.metadata_not_before,
+            self.metadata_at,
+            self.cfg.metadata_max_age,
+        );
         if !self.metadata_in_flight
             && let Some(t) = meta_due
         {
@@ -727,6 +729,23 @@ impl Driver {
     }
 }
 
+/// When the loop must wake for the next Metadata request: once the backoff allows, while one
+/// is wanted (after an error) or an assigned partition has no known leader (`schedule` asks
+/// again then too); otherwise when the last answer reaches `metadata.max.age`.
+fn metadata_due(
+    wanted: bool,
+    leaders_missing: bool,
+    not_before: Instant,
+    last: Option<Instant>,
+    max_age: Duration,
+) -> Option<Instant> {
+    if wanted || leaders_missing {
+        Some(not_before)
+    } else {
+        last.map(|t| t + max_age)
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
@@ -816,4 +835,25 @@ async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Res
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partition without a leader (leader -1, or a node the metadata does not list) makes the
+    /// loop wake for metadata after the retry backoff, not after `metadata.max.age`.
+    #[test]
+    fn metadata_is_due_soon_while_a_leader_is_missing() {
+        let now = Instant::now();
+        let soon = now + Duration::from_millis(100);
+        let age = Duration::from_secs(300);
+        assert_eq!(metadata_due(false, true, soon, Some(now), age), Some(soon));
+        assert_eq!(metadata_due(true, false, soon, Some(now), age), Some(soon));
+        assert_eq!(
+            metadata_due(false, false, soon, Some(now), age),
+            Some(now + age)
+        );
+        assert_eq!(metadata_due(false, false, soon, None, age), None);
+    }
 }

@@ -6,10 +6,11 @@
 //! how to decode the rest. See <https://kafka.apache.org/protocol#protocol_common>.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{RequestHeader, ResponseHeader};
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 
 use crate::error::ProtocolViolation;
+use crate::proto::guard;
 
 /// Size of the length prefix.
 pub(crate) const LENGTH_PREFIX: usize = 4;
@@ -65,18 +66,66 @@ pub(crate) fn encode_request<R: Request>(
     Ok(())
 }
 
+/// Why a response frame did not decode.
+#[derive(Debug)]
+pub(crate) enum DecodeError {
+    /// The structural check refused the body before it was decoded (see [`guard`]).
+    Violation(ProtocolViolation),
+    /// kafka-protocol's decoder refused it.
+    Decode(anyhow::Error),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Violation(v) => write!(f, "{v}"),
+            Self::Decode(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
 /// Decodes a response frame (length prefix removed) for request type `R` at `version`.
 ///
-/// Trailing bytes after the body are tolerated, as the Java client does: a newer broker may
-/// append fields an older decoder does not know.
+/// The body is checked by [`guard::check_response`] first, so kafka-protocol never sees an
+/// array count or length that cannot fit in the frame. Trailing bytes after the body are
+/// tolerated, as the Java client does: a newer broker may append fields an older decoder does
+/// not know.
 pub(crate) fn decode_response<R: Request>(
     mut frame: Bytes,
     version: i16,
-) -> anyhow::Result<R::Response> {
+) -> Result<R::Response, DecodeError> {
     let header_version = <R::Response as HeaderVersion>::header_version(version);
-    let _header = ResponseHeader::decode(&mut frame, header_version)?;
-    let body = <R::Response as Decodable>::decode(&mut frame, version)?;
-    Ok(body)
+    let total = frame.len();
+    let _header =
+        ResponseHeader::decode(&mut frame, header_version).map_err(DecodeError::Decode)?;
+    let offset = total - frame.len();
+    decode_body::<R::Response>(api_key::<R>(), frame, version, offset)
+}
+
+/// Checks and decodes a response body of `api` at `version`; `offset` is where the body starts
+/// in its frame (for error messages).
+pub(crate) fn decode_body<T: Decodable>(
+    api: ApiKey,
+    mut body: Bytes,
+    version: i16,
+    offset: usize,
+) -> Result<T, DecodeError> {
+    guard::check_response(api, version, &body, offset).map_err(DecodeError::Violation)?;
+    T::decode(&mut body, version).map_err(DecodeError::Decode)
+}
+
+/// The ApiVersions v0 body of a KIP-511 fallback answer (see
+/// [`peek_error_code_after_v0_header`]), checked and decoded.
+pub(crate) fn decode_api_versions_fallback(
+    frame: &Bytes,
+) -> Result<ApiVersionsResponse, DecodeError> {
+    let body = frame.slice(frame.len().min(4)..);
+    decode_body(ApiKey::ApiVersions, body, 0, 4)
+}
+
+/// The API of a request type (every `Request` type's key is a known API).
+pub(crate) fn api_key<R: Request>() -> ApiKey {
+    ApiKey::try_from(R::KEY).unwrap_or(ApiKey::ApiVersions)
 }
 
 /// The error code at the start of a response body, after a v0 response header: used to detect

@@ -7,6 +7,7 @@ pub(crate) mod commit;
 pub(crate) mod fetch;
 pub(crate) mod frame;
 pub(crate) mod group;
+pub(crate) mod guard;
 pub(crate) mod metadata;
 pub(crate) mod records;
 pub(crate) mod recovery;
