@@ -16,6 +16,11 @@
 //! * **pending** checkpoints (snapshotted, not yet complete) lose the revoked partitions: when
 //!   such a checkpoint completes later, only partitions this member still owns are committed,
 //!   and a commit left with none ends as [`Outcome::NotOwned`](crate::checkpoint::Outcome);
+//! * under an eager assignor (`range`, `roundrobin`) every rebalance revokes every partition,
+//!   so pending checkpoints lose all of them, including those the member gets back; prefer
+//!   `cooperative-sticky` (or KIP-848), which revokes only what moves. Dropping them keeps a
+//!   late checkpoint from moving a partition's committed offset back after another member
+//!   committed further;
 //! * the application's own state still holds the revoked partitions' offsets; the next owner
 //!   starts from the group's committed offsets, so a restore elsewhere must not reuse them;
 //! * no commit is ever sent for a partition this member no longer owns: each OffsetCommit is

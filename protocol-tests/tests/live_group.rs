@@ -217,3 +217,105 @@ async fn static_member_restart_keeps_the_assignment() {
     a2.close().await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn classic_cooperative_sticky_members_share_a_topic() {
+    share_a_topic(
+        GroupProtocol::Classic,
+        Some(AssignmentStrategy::CooperativeSticky),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn classic_roundrobin_members_share_a_topic() {
+    share_a_topic(GroupProtocol::Classic, Some(AssignmentStrategy::RoundRobin)).await;
+}
+
+/// Checkpoint mode across a cooperative rebalance: a checkpoint taken while this member owned
+/// every partition, completed after half of them were revoked, commits only the partitions
+/// still owned; the revoked ones are never committed by this member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checkpoint_completed_after_revocation_commits_only_owned_partitions() {
+    use kafka_source::{Consumer, TopicPartition};
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("ckpt-group");
+    let group = unique("g");
+    cluster.create_topic(&topic, 4, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 4,
+        count: 400,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    let cfg = |mode: CommitMode| {
+        config(&cluster.bootstrap())
+            .group_id(group.as_str())
+            .commit_mode(mode)
+            .auto_offset_reset(OffsetReset::Earliest)
+            .session_timeout(Duration::from_secs(10))
+            .heartbeat_interval(Duration::from_millis(500))
+            .partition_assignment_strategy([AssignmentStrategy::CooperativeSticky])
+            .build()
+            .expect("config")
+    };
+    let mut a = Consumer::new(cfg(CommitMode::OnCheckpoints)).expect("consumer");
+    a.subscribe([topic.as_str()]).expect("subscribe");
+    // Read everything while `a` owns all four partitions, then snapshot checkpoint 1.
+    let mut seen = 0;
+    while seen < 400 {
+        let b = tokio::time::timeout(Duration::from_secs(60), a.poll())
+            .await
+            .expect("records in time")
+            .expect("poll");
+        seen += b.records.len();
+    }
+    assert_eq!(a.assignment().len(), 4);
+    let state = a.snapshot_state(1).await.expect("snapshot");
+    assert_eq!(state.partitions.len(), 4);
+    // `b` joins; `a` gives up two partitions during its next polls.
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let b = Member::start("b", cfg(CommitMode::Disabled), &[&topic], &log);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while a.assignment().len() != 2 {
+        assert!(std::time::Instant::now() < deadline, "no rebalance");
+        let _ = tokio::time::timeout(Duration::from_millis(200), a.poll()).await;
+    }
+    let owned: Vec<TopicPartition> = a.assignment();
+    // Checkpoint 1 completes now: only a's two partitions may be committed.
+    let mut outcomes = a.commit_outcomes().expect("outcomes");
+    a.checkpoints().notify_checkpoint_complete(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let outcome = loop {
+        let _ = tokio::time::timeout(Duration::from_millis(100), a.poll()).await;
+        if let Some(o) = outcomes.try_recv() {
+            break o;
+        }
+        assert!(std::time::Instant::now() < deadline, "no commit outcome");
+    };
+    assert_eq!(outcome.checkpoint_id, Some(1));
+    assert!(
+        matches!(outcome.outcome, kafka_source::Outcome::Acked),
+        "{}",
+        outcome.outcome
+    );
+    let acked: Vec<TopicPartition> = a.commit_stats().last_acked.keys().cloned().collect();
+    assert_eq!(
+        acked, owned,
+        "committed partitions this member no longer owns"
+    );
+    let committed = cluster.committed_offsets(&group);
+    for p in 0..4 {
+        let tp = TopicPartition::new(topic.as_str(), p);
+        let c = committed.get(&(topic.clone(), p)).copied().flatten();
+        if owned.contains(&tp) {
+            assert_eq!(c, Some(100), "{tp}");
+        } else {
+            assert_eq!(c, None, "{tp} was committed by a member that gave it up");
+        }
+    }
+    b.close().await;
+    a.close().await;
+}
