@@ -54,6 +54,36 @@ impl Consumer {
         }
     }
 
+    /// See [`crate::Consumer::subscribe`]. Heartbeats run on this consumer's own runtime,
+    /// between calls to [`poll`](Self::poll) too.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Consumer::subscribe`].
+    pub fn subscribe<T: Into<String>>(
+        &mut self,
+        topics: impl IntoIterator<Item = T>,
+    ) -> Result<()> {
+        self.inner()?.subscribe(topics)
+    }
+
+    /// See [`crate::Consumer::subscribe_pattern`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Consumer::subscribe_pattern`].
+    pub fn subscribe_pattern(&mut self, pattern: &str) -> Result<()> {
+        self.inner()?.subscribe_pattern(pattern)
+    }
+
+    /// See [`crate::Consumer::set_rebalance_listener`]; the listener runs inside
+    /// [`poll`](Self::poll).
+    pub fn set_rebalance_listener(&mut self, listener: impl crate::RebalanceListener + 'static) {
+        if let Ok(c) = self.inner() {
+            c.set_rebalance_listener(listener);
+        }
+    }
+
     /// See [`crate::Consumer::seek`].
     ///
     /// # Errors
