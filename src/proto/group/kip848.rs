@@ -539,3 +539,198 @@ impl ConsumerMember {
 fn ms(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::consumer_group_heartbeat_response::{
+        Assignment, TopicPartitions as RespTopicPartitions,
+    };
+
+    const TOPIC: Uuid = Uuid::from_u128(7);
+
+    fn member() -> ConsumerMember {
+        ConsumerMember::new(GroupConfig {
+            group_id: "g".into(),
+            instance_id: None,
+            session_timeout: Duration::from_secs(45),
+            rebalance_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(3),
+            retry_backoff: Duration::from_millis(100),
+            assignors: Vec::new(),
+        })
+    }
+
+    fn names(id: &Uuid) -> Option<String> {
+        (*id == TOPIC).then(|| "t".to_owned())
+    }
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition::new("t", p)
+    }
+
+    fn answer(epoch: i32, parts: Option<&[i32]>) -> ConsumerGroupHeartbeatResponse {
+        let mut r = ConsumerGroupHeartbeatResponse::default()
+            .with_member_epoch(epoch)
+            .with_heartbeat_interval_ms(1000);
+        if let Some(parts) = parts {
+            r = r.with_assignment(Some(Assignment::default().with_topic_partitions(vec![
+                RespTopicPartitions::default()
+                    .with_topic_id(TOPIC)
+                    .with_partitions(parts.to_vec()),
+            ])));
+        }
+        r
+    }
+
+    fn heartbeat(m: &mut ConsumerMember, now: Instant) -> (u64, ConsumerGroupHeartbeatRequest) {
+        match m.poll_action(now) {
+            Some(GroupAction::ConsumerHeartbeat { seq, request, .. }) => (seq, request),
+            other => panic!("expected a heartbeat, got {other:?}"),
+        }
+    }
+
+    /// Joined at epoch 3 owning t-0..t-2.
+    fn joined(now: Instant) -> ConsumerMember {
+        let mut m = member();
+        m.subscribe(["t".to_owned()].into(), now);
+        let Some(GroupAction::FindCoordinator { seq }) = m.poll_action(now) else {
+            panic!("expected FindCoordinator");
+        };
+        m.handle_find_coordinator(seq, now, Ok(1));
+        let (seq, req) = heartbeat(&mut m, now);
+        assert_eq!(req.member_epoch, 0);
+        assert_eq!(
+            req.topic_partitions,
+            Some(Vec::new()),
+            "a join owns nothing"
+        );
+        assert!(req.rebalance_timeout_ms > 0);
+        m.handle_heartbeat(seq, now, Ok(answer(3, Some(&[0, 1, 2]))), &names);
+        assert_eq!(
+            m.take_events(),
+            vec![GroupEvent::Assign {
+                added: vec![tp(0), tp(1), tp(2)],
+                generation: 3
+            }]
+        );
+        // The acknowledgement goes out at once, with the owned set.
+        let (seq, req) = heartbeat(&mut m, now);
+        assert_eq!(req.member_epoch, 3);
+        let owned = req.topic_partitions.unwrap();
+        assert_eq!(owned[0].partitions, vec![0, 1, 2]);
+        m.handle_heartbeat(seq, now, Ok(answer(3, None)), &names);
+        m
+    }
+
+    #[test]
+    fn joins_and_acknowledges_the_assignment() {
+        let now = Instant::now();
+        let m = joined(now);
+        assert_eq!(m.identity().unwrap().generation_or_epoch, 3);
+        assert_eq!(m.owned().len(), 3);
+    }
+
+    /// A partition missing from the new target is revoked first; the acknowledgement waits for
+    /// the application, then names only what is still owned.
+    #[test]
+    fn revokes_before_acknowledging() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let t = now + Duration::from_secs(1);
+        let (seq, _) = heartbeat(&mut m, t);
+        m.handle_heartbeat(seq, t, Ok(answer(4, Some(&[0, 1]))), &names);
+        assert_eq!(m.take_events(), vec![GroupEvent::Revoke(vec![tp(2)])]);
+        assert!(
+            m.owned().contains(&tp(2)),
+            "owned until the application answers"
+        );
+        m.revocation_done(t, &names);
+        let (_, req) = heartbeat(&mut m, t);
+        assert_eq!(req.member_epoch, 4);
+        assert_eq!(req.topic_partitions.unwrap()[0].partitions, vec![0, 1]);
+    }
+
+    /// FENCED_MEMBER_EPOCH: everything is lost (never committed), and the member joins again at
+    /// epoch 0 with the same member id.
+    #[test]
+    fn fenced_loses_everything_and_rejoins_with_the_same_id() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let id = m.identity().unwrap().member_id;
+        let t = now + Duration::from_secs(1);
+        let (seq, _) = heartbeat(&mut m, t);
+        let fenced = ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(ResponseError::FencedMemberEpoch.code());
+        m.handle_heartbeat(seq, t, Ok(fenced), &names);
+        assert_eq!(
+            m.take_events(),
+            vec![GroupEvent::Lost(vec![tp(0), tp(1), tp(2)])]
+        );
+        assert!(m.identity().is_none());
+        let (_, req) = heartbeat(&mut m, t);
+        assert_eq!(req.member_epoch, 0);
+        assert_eq!(req.member_id.as_str(), id);
+    }
+
+    #[test]
+    fn unsupported_version_is_fatal_with_a_hint() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let t = now + Duration::from_secs(1);
+        let (seq, _) = heartbeat(&mut m, t);
+        let no = ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(ResponseError::UnsupportedVersion.code());
+        m.handle_heartbeat(seq, t, Ok(no), &names);
+        assert!(m.is_fatal());
+        assert!(m.fatal().unwrap().to_string().contains("group.protocol"));
+        assert!(m.poll_action(t + Duration::from_secs(10)).is_none());
+    }
+
+    /// Topic ids metadata does not know yet wait; nothing is revoked for them meanwhile.
+    #[test]
+    fn unknown_topic_ids_wait_for_metadata() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let t = now + Duration::from_secs(1);
+        let (seq, _) = heartbeat(&mut m, t);
+        let other = Uuid::from_u128(9);
+        let resp = answer(4, Some(&[0, 1, 2])).with_assignment(Some(
+            Assignment::default().with_topic_partitions(vec![
+                RespTopicPartitions::default()
+                    .with_topic_id(TOPIC)
+                    .with_partitions(vec![0, 1, 2]),
+                RespTopicPartitions::default()
+                    .with_topic_id(other)
+                    .with_partitions(vec![0]),
+            ]),
+        ));
+        m.handle_heartbeat(seq, t, Ok(resp), &names);
+        assert!(m.take_events().is_empty());
+        assert!(m.needs_metadata());
+        let known = |id: &Uuid| match *id {
+            TOPIC => Some("t".to_owned()),
+            x if x == other => Some("u".to_owned()),
+            _ => None,
+        };
+        m.reconcile(t, &known);
+        assert_eq!(
+            m.take_events(),
+            vec![GroupEvent::Assign {
+                added: vec![TopicPartition::new("u", 0)],
+                generation: 4
+            }]
+        );
+        assert!(!m.needs_metadata());
+    }
+
+    #[test]
+    fn leaving_uses_epoch_minus_one() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let Some(GroupAction::ConsumerLeave { request, .. }) = m.close() else {
+            panic!("expected a leave heartbeat");
+        };
+        assert_eq!(request.member_epoch, LEAVE_EPOCH);
+    }
+}
