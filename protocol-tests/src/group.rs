@@ -149,6 +149,11 @@ impl RebalanceListener for Listener {
     }
 }
 
+enum Subscribe {
+    Topics(Vec<String>),
+    Pattern(String),
+}
+
 /// A subscribed consumer polling on a task of its own.
 #[derive(Debug)]
 pub struct Member {
@@ -168,18 +173,40 @@ impl Member {
         topics: &[&str],
         log: &Arc<Mutex<GroupLog>>,
     ) -> Member {
+        let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        Self::spawn(name, config, Subscribe::Topics(topics), log)
+    }
+
+    /// Starts a member subscribed to every topic matching `pattern`.
+    pub fn start_pattern(
+        name: &str,
+        config: ConsumerConfig,
+        pattern: &str,
+        log: &Arc<Mutex<GroupLog>>,
+    ) -> Member {
+        Self::spawn(name, config, Subscribe::Pattern(pattern.to_owned()), log)
+    }
+
+    fn spawn(
+        name: &str,
+        config: ConsumerConfig,
+        subscribe: Subscribe,
+        log: &Arc<Mutex<GroupLog>>,
+    ) -> Member {
         let (stop, mut stop_rx) = watch::channel(false);
         let (stall, mut stall_rx) = mpsc::unbounded_channel::<Duration>();
         let log2 = Arc::clone(log);
         let name2 = name.to_owned();
-        let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
         let task = tokio::spawn(async move {
             let mut c = Consumer::new(config).expect("consumer");
             c.set_rebalance_listener(Listener {
                 name: name2.clone(),
                 log: Arc::clone(&log2),
             });
-            c.subscribe(topics).expect("subscribe");
+            match subscribe {
+                Subscribe::Topics(t) => c.subscribe(t).expect("subscribe"),
+                Subscribe::Pattern(p) => c.subscribe_pattern(&p).expect("subscribe"),
+            }
             loop {
                 if *stop_rx.borrow() {
                     break;

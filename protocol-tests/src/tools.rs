@@ -166,6 +166,19 @@ impl Cluster {
         JavaRun::new(class, all)
     }
 
+    /// Grows a topic to `partitions` partitions (`kafka-topics --alter`).
+    ///
+    /// # Panics
+    ///
+    /// If the tool fails.
+    pub fn add_partitions(&self, name: &str, partitions: i32) {
+        let n = partitions.to_string();
+        self.run_tool(
+            TOPIC_COMMAND,
+            &["--alter", "--topic", name, "--partitions", &n],
+        );
+    }
+
     /// Creates a topic and waits (up to 60 s) until every partition has a leader.
     ///
     /// # Panics

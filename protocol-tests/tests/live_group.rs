@@ -319,3 +319,55 @@ async fn checkpoint_completed_after_revocation_commits_only_owned_partitions() {
     b.close().await;
     a.close().await;
 }
+
+/// A subscribed topic that grows: the members notice the new partition count in metadata,
+/// rejoin, and the new partitions are assigned and read; a pattern subscription picks up a
+/// topic created after it joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn growth_and_new_topics_trigger_a_rebalance() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let prefix = unique("grow");
+    let topic = format!("{prefix}-a");
+    let group = unique("g");
+    cluster.create_topic(&topic, 2, 1, &[]);
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let cfg = config(&cluster.bootstrap())
+        .group_id(group.as_str())
+        .commit_mode(CommitMode::Periodic(Duration::from_millis(500)))
+        .auto_offset_reset(OffsetReset::Earliest)
+        .metadata_max_age(Duration::from_secs(1))
+        .session_timeout(Duration::from_secs(10))
+        .heartbeat_interval(Duration::from_millis(500))
+        .partition_assignment_strategy([AssignmentStrategy::CooperativeSticky])
+        .build()
+        .expect("config");
+    let a = Member::start_pattern("a", cfg, &format!("{prefix}-.*"), &log);
+    wait_for(&log, Duration::from_secs(60), "a owns 2 partitions", |l| {
+        converged(l, &topic, 2, &["a"])
+    })
+    .await;
+    cluster.add_partitions(&topic, 4);
+    wait_for(&log, Duration::from_secs(60), "a owns 4 partitions", |l| {
+        converged(l, &topic, 4, &["a"])
+    })
+    .await;
+    let second = format!("{prefix}-b");
+    cluster.create_topic(&second, 3, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &second,
+        partitions: 3,
+        count: 300,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    wait_for(
+        &log,
+        Duration::from_secs(60),
+        "the new topic is read",
+        |l| converged(l, &second, 3, &["a"]) && l.distinct() == 300,
+    )
+    .await;
+    log.lock().assert_no_overlap(&BTreeSet::new());
+    a.close().await;
+}
