@@ -244,10 +244,16 @@ impl Driver {
                 tracing::debug!(generation, "new partitions positioned");
                 let _ = self.out.send(Delivery::Assigned { added: list });
             }
+            Err(e) if e.is_retriable() && !added.is_empty() => {
+                // The coordinator is moving or loading: keep asking; the partitions cannot
+                // start safely without their committed offsets.
+                tracing::debug!(error = %e, "committed offsets of the new assignment; retrying");
+                self.events.busy = true;
+                self.lookup_positions(added, generation);
+            }
             Err(e) => {
-                // Without committed offsets the partitions cannot start safely: report it and
-                // hand them out from the reset policy would skip or repeat; they stay unassigned
-                // until the next rebalance.
+                // Not retriable (authorization, for one): the application hears of it, and the
+                // partitions stay unread until the next rebalance.
                 tracing::warn!(error = %e, "cannot read committed offsets of the new assignment");
                 let _ = self.out.send(Delivery::Error(e));
                 let _ = self.out.send(Delivery::Assigned { added: Vec::new() });
