@@ -131,6 +131,10 @@ pub struct Consumer {
     ckpt: Arc<CheckpointShared>,
     outcomes: Option<CommitOutcomes>,
     last_periodic: Instant,
+    /// The positions the last periodic commit published.
+    periodic_sent: Offsets,
+    /// Wakes a waiting `poll` when handed-out positions are due for a periodic commit.
+    periodic_timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Errors found while decoding, handed out by the next polls.
     pending_errors: Vec<Error>,
     /// Decompressed bytes of the last batch handed out, counted against the budget until the
@@ -263,6 +267,8 @@ impl Consumer {
             ckpt,
             outcomes: Some(CommitOutcomes { rx: outcome_rx }),
             last_periodic: Instant::now(),
+            periodic_sent: Offsets::new(),
+            periodic_timer: None,
             pending_errors: Vec::new(),
             held: 0,
             next_generation: 1,
@@ -577,6 +583,9 @@ impl Consumer {
                 continue;
             }
             match self.deliveries.poll_recv(cx) {
+                // Nothing to hand out: positions handed out earlier are still committed on
+                // time, as the Java client's auto-commit does within a long `poll`.
+                Poll::Pending if self.periodic_commit_due(cx) => self.commit_periodically(),
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => self.closed = true,
                 Poll::Ready(Some(delivery)) => {
@@ -763,8 +772,14 @@ impl Consumer {
         if self.config.group_id().is_none() || self.last_periodic.elapsed() < interval {
             return;
         }
+        self.commit_periodically();
+    }
+
+    /// Publishes the handed-out positions now (periodic mode).
+    fn commit_periodically(&mut self) {
         self.last_periodic = Instant::now();
         let offsets = self.handed_offsets();
+        self.periodic_sent = offsets.clone();
         if !offsets.is_empty() {
             self.ckpt.submit(CommitRequest {
                 checkpoint_id: None,
@@ -772,6 +787,27 @@ impl Consumer {
                 created: Instant::now(),
             });
         }
+    }
+
+    /// In periodic mode, while `poll` waits: true once the interval has passed and positions
+    /// were handed out since the last periodic commit; otherwise arms a timer that wakes `cx`
+    /// then.
+    fn periodic_commit_due(&mut self, cx: &mut Context<'_>) -> bool {
+        let CommitMode::Periodic(interval) = self.config.commit_mode() else {
+            return false;
+        };
+        if self.config.group_id().is_none() || self.handed_offsets() == self.periodic_sent {
+            self.periodic_timer = None;
+            return false;
+        }
+        let deadline = tokio::time::Instant::from_std(self.last_periodic + interval);
+        let timer = self
+            .periodic_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx).is_ready()
     }
 
     fn handed_offsets(&self) -> Offsets {

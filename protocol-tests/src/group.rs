@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use kafka_source::{Consumer, ConsumerConfig, RebalanceListener, Revocation, TopicPartition};
 use parking_lot::Mutex;
@@ -22,16 +22,64 @@ pub enum Change {
     Lost(String, Vec<TopicPartition>),
 }
 
+/// Wall-clock milliseconds since the Unix epoch: the time base of [`GroupLog`], shared by every
+/// process on the machine (the Java members print `System.currentTimeMillis()`).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Change {
+    /// The member the change belongs to.
+    pub fn member(&self) -> &str {
+        match self {
+            Change::Assigned(m, _) | Change::Revoked(m, _) | Change::Lost(m, _) => m,
+        }
+    }
+
+    /// Order among changes of the same millisecond: an ownership ends before another starts.
+    /// A new owner is only assigned a partition after the old owner gave it up and the group
+    /// went through another round trip (cooperative and eager rebalances, and KIP-848's
+    /// revocation acknowledgement alike), so this only resolves the clock's resolution.
+    fn rank(&self) -> u8 {
+        match self {
+            Change::Revoked(..) | Change::Lost(..) => 0,
+            Change::Assigned(..) => 1,
+        }
+    }
+}
+
 /// What all members of a test saw.
 #[derive(Debug, Default)]
 pub struct GroupLog {
-    /// Ownership changes, in order.
-    pub changes: Vec<(Instant, Change)>,
+    /// Ownership changes, ordered by their wall-clock time in milliseconds (see
+    /// [`GroupLog::push`]); members in other processes report them with a delay, so add them
+    /// through `push`, which keeps the order.
+    pub changes: Vec<(u64, Change)>,
     /// Records by partition and offset: how many times each was handed out.
     pub records: BTreeMap<TopicPartition, BTreeMap<i64, u32>>,
 }
 
 impl GroupLog {
+    /// Adds a change that happened at `at_ms` (see [`now_ms`]) in time order: after every
+    /// change of an earlier millisecond; within a millisecond after the same member's changes
+    /// (one member reports in order) and otherwise after the ends of ownership and before the
+    /// starts.
+    pub fn push(&mut self, at_ms: u64, change: Change) {
+        let key = (at_ms, change.rank());
+        let mut i = self.changes.partition_point(|(t, c)| (*t, c.rank()) <= key);
+        if let Some(last_own) = self
+            .changes
+            .iter()
+            .rposition(|(t, c)| *t == at_ms && c.member() == change.member())
+        {
+            i = i.max(last_own + 1);
+        }
+        self.changes.insert(i, (at_ms, change));
+    }
+
     /// Who owns what after the log's changes.
     pub fn owners(&self) -> BTreeMap<TopicPartition, BTreeSet<String>> {
         let mut owners: BTreeMap<TopicPartition, BTreeSet<String>> = BTreeMap::new();
@@ -70,7 +118,7 @@ impl GroupLog {
                             .collect();
                         assert!(
                             live.len() <= 1,
-                            "{tp} owned by {live:?} at once (at {at:?}); log: {:#?}",
+                            "{tp} owned by {live:?} at once (at {at} ms); log: {:#?}",
                             self.changes
                         );
                     }
@@ -128,24 +176,23 @@ struct Listener {
 impl RebalanceListener for Listener {
     fn on_partitions_revoked(&mut self, revocation: &mut Revocation<'_>) {
         revocation.commit_positions();
-        self.log.lock().changes.push((
-            Instant::now(),
+        self.log.lock().push(
+            now_ms(),
             Change::Revoked(self.name.clone(), revocation.partitions().to_vec()),
-        ));
+        );
     }
 
     fn on_partitions_assigned(&mut self, assigned: &[TopicPartition]) {
-        self.log.lock().changes.push((
-            Instant::now(),
+        self.log.lock().push(
+            now_ms(),
             Change::Assigned(self.name.clone(), assigned.to_vec()),
-        ));
+        );
     }
 
     fn on_partitions_lost(&mut self, lost: &[TopicPartition]) {
-        self.log.lock().changes.push((
-            Instant::now(),
-            Change::Lost(self.name.clone(), lost.to_vec()),
-        ));
+        self.log
+            .lock()
+            .push(now_ms(), Change::Lost(self.name.clone(), lost.to_vec()));
     }
 }
 

@@ -1,5 +1,5 @@
 //! Where the Kafka jars come from, and how JVM programs (broker, command-line tools, the Java
-//! producer) are started.
+//! producer, the Java group member) are started.
 //!
 //! The jars are resolved from Maven Central by `protocol-tests/kafka/pom.xml` into
 //! `protocol-tests/kafka/target/kafka-libs/` the first time a test needs them; later runs reuse the
@@ -15,8 +15,15 @@ use std::time::{Duration, Instant};
 
 use crate::lock::DirLock;
 
-/// The Java producer's source, compiled once per content into the test cache.
-const PRODUCE_JAVA: &str = include_str!("../java/Produce.java");
+/// The Java programs' sources (file name, text), compiled together once per content into the test
+/// cache.
+const JAVA_SOURCES: &[(&str, &str)] = &[
+    ("Produce.java", include_str!("../java/Produce.java")),
+    (
+        "GroupConsumer.java",
+        include_str!("../java/GroupConsumer.java"),
+    ),
+];
 
 /// log4j2 configuration for the broker: INFO to stdout (which goes to `node<i>.log`), with the
 /// chattiest loggers turned down.
@@ -187,7 +194,7 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
-/// `<target>/kafka-test`: cluster data folders, log4j configurations and the compiled producer.
+/// `<target>/kafka-test`: cluster data folders, log4j configurations and the compiled Java programs.
 pub fn test_root() -> PathBuf {
     target_dir().join("kafka-test")
 }
@@ -233,19 +240,25 @@ pub(crate) fn libs_classpath() -> String {
     format!("{}/*", kafka_libs().display())
 }
 
-/// The jar holding the compiled `Produce` class. It is compiled once per source content, under a
+/// The jar holding the compiled Java programs (`Produce`, `GroupConsumer`). It is compiled once per
+/// source content, under a
 /// lock, in a temporary folder that is then renamed into place. (A jar rather than a class folder:
 /// the JVM cannot make a class-data archive for a class path with a non-empty folder on it.)
-pub(crate) fn producer_jar() -> PathBuf {
+pub(crate) fn programs_jar() -> PathBuf {
     static JAR: OnceLock<PathBuf> = OnceLock::new();
-    JAR.get_or_init(compile_producer).clone()
+    JAR.get_or_init(compile_programs).clone()
 }
 
-fn compile_producer() -> PathBuf {
-    let hash = crc32fast::hash(PRODUCE_JAVA.as_bytes());
+fn compile_programs() -> PathBuf {
+    let mut hasher = crc32fast::Hasher::new();
+    for (name, text) in JAVA_SOURCES {
+        hasher.update(name.as_bytes());
+        hasher.update(text.as_bytes());
+    }
+    let hash = hasher.finalize();
     let base = test_root().join("java");
-    let dir = base.join(format!("produce-{hash:08x}"));
-    let jar = dir.join("produce.jar");
+    let dir = base.join(format!("programs-{hash:08x}"));
+    let jar = dir.join("programs.jar");
     if jar.exists() {
         return jar;
     }
@@ -253,28 +266,30 @@ fn compile_producer() -> PathBuf {
     if jar.exists() {
         return jar;
     }
-    let staging = base.join(format!("produce-{hash:08x}.tmp-{}", std::process::id()));
+    let staging = base.join(format!("programs-{hash:08x}.tmp-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
     let classes = staging.join("classes");
     fs::create_dir_all(&classes)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", classes.display()));
-    let source = staging.join("Produce.java");
-    fs::write(&source, PRODUCE_JAVA)
-        .unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
     let mut javac = Command::new("javac");
     javac
         .arg("-nowarn")
         .arg("-cp")
         .arg(libs_classpath())
         .arg("-d")
-        .arg(&classes)
-        .arg(&source);
+        .arg(&classes);
+    for (name, text) in JAVA_SOURCES {
+        let source = staging.join(name);
+        fs::write(&source, text)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
+        javac.arg(&source);
+    }
     run_build_step(javac, "javac (is a JDK installed?)");
     let mut jar_cmd = Command::new("jar");
     jar_cmd
         .arg("--create")
         .arg("--file")
-        .arg(staging.join("produce.jar"))
+        .arg(staging.join("programs.jar"))
         .arg("-C")
         .arg(&classes)
         .arg(".");
@@ -561,4 +576,23 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> thread::JoinHandle<String
         }
         String::from_utf8_lossy(&buf).into_owned()
     })
+}
+
+/// A `java` command for a long-running program from the compiled Java programs (see
+/// [`programs_jar`]), with small-tool JVM options and WARN-level logging to stderr. The caller
+/// sets up stdin, stdout and stderr and spawns it.
+pub(crate) fn program_command(class: &str, args: &[String]) -> Command {
+    let mut cmd = Command::new("java");
+    cmd.args(small_tool_opts())
+        .arg("-Xlog:disable")
+        .arg("-Xlog:all=warning:stderr")
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            tools_log4j().display()
+        ))
+        .arg("-cp")
+        .arg(format!("{}:{}", programs_jar().display(), libs_classpath()))
+        .arg(class)
+        .args(args);
+    cmd
 }

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod consume;
 pub mod group;
+pub mod interop;
 mod java;
 mod lock;
 pub mod mock;

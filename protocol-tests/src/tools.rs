@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cluster::Cluster;
-use crate::java::{JavaRun, producer_jar};
+use crate::java::{JavaRun, programs_jar};
 use crate::probe::{Metadata, metadata};
 use crate::records::{expected_key, expected_value, record_checksum};
 
@@ -410,7 +410,7 @@ impl Cluster {
             run.jvm_opts
                 .extend(["-XX:TieredStopAtLevel=1".into(), "-XX:+UseSerialGC".into()]);
         }
-        run.extra_classpath = Some(producer_jar());
+        run.extra_classpath = Some(programs_jar());
         run.timeout = Duration::from_secs(600);
         let out = run.run_ok();
         parse_produce_output(&out)
