@@ -613,7 +613,7 @@ impl Driver {
                 match c.handle_find_coordinator(seq, now, res) {
                     Ok(Some((node, addr))) => {
                         self.pool.add_node(node, addr);
-                        if self.group.is_none() {
+                        if self.subscription.is_none() {
                             self.shared.coordinator.store(node, Ordering::Relaxed);
                         }
                     }
@@ -626,7 +626,8 @@ impl Driver {
                     return;
                 };
                 let finished = c.handle_commit(seq, now, res);
-                if c.coordinator().is_none() && self.group.is_none() {
+                // In subscribe mode the membership reports the coordinator.
+                if c.coordinator().is_none() && self.subscription.is_none() {
                     self.shared.coordinator.store(-1, Ordering::Relaxed);
                 }
                 if let Some(f) = finished {
