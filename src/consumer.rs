@@ -543,13 +543,21 @@ impl Consumer {
     }
 
     fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<Batch>> {
+        // Recorded before the loop is woken, so that it sees this poll.
+        self.shared.polled(false);
+        if self
+            .shared
+            .left_for_poll_timeout
+            .swap(false, Ordering::AcqRel)
+        {
+            self.send(Command::Polled);
+        }
         let r = self.poll_batch_inner(cx);
         self.shared.polled(r.is_pending());
         r
     }
 
     fn poll_batch_inner(&mut self, cx: &mut Context<'_>) -> Poll<Result<Batch>> {
-        self.shared.polled(false);
         self.release_held();
         self.maybe_commit_periodically();
         loop {

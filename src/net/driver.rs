@@ -62,6 +62,9 @@ pub(crate) struct Shared {
     pub(crate) in_poll: std::sync::atomic::AtomicBool,
     /// The origin of `last_poll_ms`.
     pub(crate) epoch: std::time::Instant,
+    /// Set by the loop when the member left for `max.poll.interval.ms`; the next poll wakes
+    /// the loop (`Command::Polled`) so that it joins again at once.
+    pub(crate) left_for_poll_timeout: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -84,6 +87,7 @@ impl Default for Shared {
             last_poll_ms: std::sync::atomic::AtomicU64::new(0),
             in_poll: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
+            left_for_poll_timeout: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -111,6 +115,8 @@ pub(crate) enum Command {
     Subscribe(Topics),
     /// The application gave up the partitions of the last `Delivery::Revoke`.
     RevokeDone,
+    /// The application polls again after the member left for `max.poll.interval.ms`.
+    Polled,
     Close(oneshot::Sender<()>),
 }
 
@@ -425,6 +431,8 @@ impl Driver {
             Command::Committed(tps, reply) => self.query_committed(tps, reply),
             Command::Subscribe(topics) => self.subscribe(topics),
             Command::RevokeDone => self.revoke_done(),
+            // The turn this command starts notices the poll and joins again.
+            Command::Polled => {}
             Command::Close(_) => {}
         }
     }

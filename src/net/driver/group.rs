@@ -280,6 +280,9 @@ impl Driver {
         }
         if !waiting && idle >= self.cfg.max_poll_interval {
             self.poll_timed_out = true;
+            self.shared
+                .left_for_poll_timeout
+                .store(true, Ordering::Release);
             if let Some(a) = m.poll_timeout() {
                 self.spawn_group_action(a);
             }
