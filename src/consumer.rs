@@ -347,6 +347,37 @@ impl Consumer {
         Ok(())
     }
 
+    /// Offers these assignors (your own [`Assignor`](crate::assignor::Assignor)s, built-ins
+    /// from [`assignor::builtin`](crate::assignor::builtin), or both), preferred first, instead
+    /// of `partition.assignment.strategy`. Classic protocol only; call it before
+    /// [`subscribe`](Self::subscribe) (later, the member rejoins to offer them). When this
+    /// member leads the group, the group's chosen assignor runs here for every member.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an empty list, repeated names, or with `group.protocol=consumer`
+    /// (the broker assigns there).
+    pub fn set_assignors(
+        &mut self,
+        assignors: Vec<Arc<dyn crate::assignor::Assignor>>,
+    ) -> Result<()> {
+        if self.config.group_protocol() != GroupProtocol::Classic {
+            return Err(Error::config(
+                "assignors",
+                "the consumer protocol (KIP-848) assigns on the broker",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        if assignors.is_empty() || !assignors.iter().all(|a| names.insert(a.name().to_owned())) {
+            return Err(Error::config(
+                "assignors",
+                "give at least one assignor, each name once",
+            ));
+        }
+        self.send(Command::Assignors(assignors));
+        Ok(())
+    }
+
     /// Sets the callbacks for assignment changes (subscribe mode). The default does nothing.
     pub fn set_rebalance_listener(&mut self, listener: impl RebalanceListener + 'static) {
         self.listener = parking_lot::Mutex::new(Box::new(listener));

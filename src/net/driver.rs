@@ -113,6 +113,8 @@ pub(crate) enum Command {
     Committed(Vec<TopicPartition>, oneshot::Sender<Result<Committed>>),
     /// Join the group with this subscription.
     Subscribe(Topics),
+    /// Classic protocol: the assignors to offer, replacing `partition.assignment.strategy`.
+    Assignors(Vec<Arc<dyn crate::assignor::Assignor>>),
     /// The application gave up the partitions of the last `Delivery::Revoke`.
     RevokeDone,
     /// The application polls again after the member left for `max.poll.interval.ms`.
@@ -430,6 +432,11 @@ impl Driver {
             }
             Command::Committed(tps, reply) => self.query_committed(tps, reply),
             Command::Subscribe(topics) => self.subscribe(topics),
+            Command::Assignors(list) => {
+                if let Some(Membership::Classic(c)) = self.group.as_mut() {
+                    c.set_assignors(list);
+                }
+            }
             Command::RevokeDone => self.revoke_done(),
             // The turn this command starts notices the poll and joins again.
             Command::Polled => {}

@@ -167,6 +167,14 @@ impl ClassicMember {
         std::mem::take(&mut self.events)
     }
 
+    /// Replaces the assignors offered from the next JoinGroup on (a member rejoins).
+    pub(crate) fn set_assignors(&mut self, assignors: Vec<Arc<dyn Assignor>>) {
+        self.cfg.assignors = assignors;
+        if matches!(self.state, State::Stable) {
+            self.rejoin = true;
+        }
+    }
+
     /// Sets the subscribed topics. A change while a member asks for a rejoin.
     pub(crate) fn subscribe(&mut self, topics: BTreeSet<String>) {
         if topics == self.topics {
@@ -1204,6 +1212,69 @@ mod tests {
                 ("m-2".to_owned(), vec![tp(2), tp(3)])
             ]
         );
+    }
+
+    /// A user-written assignor: offered in JoinGroup under its own name and run by the leader.
+    #[test]
+    fn custom_assignor_runs_on_the_leader() {
+        #[derive(Debug)]
+        struct AllToFirst;
+        impl Assignor for AllToFirst {
+            fn name(&self) -> &str {
+                "all-to-first"
+            }
+            fn assign(
+                &self,
+                partitions_per_topic: &BTreeMap<String, i32>,
+                members: &[GroupMember],
+            ) -> Result<BTreeMap<String, MemberAssignment>, crate::assignor::AssignorError>
+            {
+                let mut ids: Vec<&str> = members.iter().map(|m| m.member_id.as_str()).collect();
+                ids.sort_unstable();
+                let all = partitions_per_topic
+                    .iter()
+                    .flat_map(|(t, n)| (0..*n).map(|p| TopicPartition::new(t.as_str(), p)))
+                    .collect();
+                let mut out: BTreeMap<String, MemberAssignment> = ids
+                    .iter()
+                    .map(|id| ((*id).to_owned(), MemberAssignment::default()))
+                    .collect();
+                out.insert(ids[0].to_owned(), MemberAssignment::new(all));
+                Ok(out)
+            }
+        }
+        let now = Instant::now();
+        let mut m = ClassicMember::new(cfg(AssignmentStrategy::Range));
+        m.set_assignors(vec![Arc::new(AllToFirst)]);
+        let seq = to_join(&mut m, now);
+        let sub = consumer_protocol::encode_subscription(&crate::assignor::Subscription::new([
+            "t",
+        ]))
+        .unwrap();
+        let resp = joined("m-2", "m-2", 1)
+            .with_protocol_name(Some(StrBytes::from_static_str("all-to-first")))
+            .with_members(vec![
+                JoinGroupResponseMember::default()
+                    .with_member_id(StrBytes::from_static_str("m-1"))
+                    .with_metadata(sub.clone()),
+                JoinGroupResponseMember::default()
+                    .with_member_id(StrBytes::from_static_str("m-2"))
+                    .with_metadata(sub),
+            ]);
+        let Some(GroupAction::LeaderMetadata { seq, .. }) = m.handle_join(seq, now, Ok(resp))
+        else {
+            panic!("expected LeaderMetadata");
+        };
+        let Some(GroupAction::Sync { request, .. }) =
+            m.handle_leader_metadata(seq, now, Ok(BTreeMap::from([("t".to_owned(), 3)])))
+        else {
+            panic!("expected Sync");
+        };
+        for a in &request.assignments {
+            let d = consumer_protocol::decode_assignment(&a.assignment).unwrap();
+            let want = if a.member_id.as_str() == "m-1" { 3 } else { 0 };
+            assert_eq!(d.partitions.len(), want, "{}", a.member_id.as_str());
+        }
     }
 
     /// A partition count that grows triggers a rejoin; a lower (stale) count does not.
