@@ -807,15 +807,17 @@ impl ClassicMember {
             *known = (*known).max(*n);
         }
         let assigned: BTreeSet<TopicPartition> = assignment.partitions.into_iter().collect();
-        let revoked: Vec<TopicPartition> = self.owned.difference(&assigned).cloned().collect();
-        let added: Vec<TopicPartition> = assigned.difference(&self.owned).cloned().collect();
-        // Assigned topics must be subscribed; anything else is a stale or foreign assignment.
+        // Assigned topics must be subscribed; anything else is a stale or foreign assignment,
+        // not applied: the member joins again with its current subscription.
         if assigned.iter().any(|tp| !self.topics.contains(&*tp.topic)) {
             tracing::info!(
-                "the assignment names topics this member no longer subscribes to; rejoining"
+                "the assignment names topics this member does not subscribe to; joining again"
             );
-            self.rejoin = true;
+            self.state = State::JoinBackoff { not_before: now };
+            return;
         }
+        let revoked: Vec<TopicPartition> = self.owned.difference(&assigned).cloned().collect();
+        let added: Vec<TopicPartition> = assigned.difference(&self.owned).cloned().collect();
         self.state = State::Stable;
         self.next_heartbeat = Some(now + self.cfg.heartbeat_interval);
         tracing::info!(
@@ -1049,6 +1051,31 @@ mod tests {
         );
         assert_eq!(m.identity().unwrap().generation_or_epoch, 5);
         m
+    }
+
+    /// An assignment naming a topic this member does not subscribe to is not applied: no
+    /// partition of it is owned or announced, and the member joins again.
+    #[test]
+    fn assignment_of_an_unsubscribed_topic_is_not_applied() {
+        let now = Instant::now();
+        let mut m = ClassicMember::new(cfg(AssignmentStrategy::Range));
+        let seq = to_join(&mut m, now);
+        let Some(GroupAction::Sync { seq, .. }) =
+            m.handle_join(seq, now, Ok(joined("m-1", "other", 5)))
+        else {
+            panic!("expected Sync");
+        };
+        let a = MemberAssignment::new(vec![tp(0), TopicPartition::new("other", 0)]);
+        let resp = SyncGroupResponse::default()
+            .with_assignment(consumer_protocol::encode_assignment(&a).unwrap());
+        m.handle_sync(seq, now, Ok(resp), &BTreeMap::new());
+        assert!(m.owned().is_empty());
+        assert!(m.take_events().is_empty());
+        assert!(m.identity().is_none());
+        let Some(GroupAction::Join { request, .. }) = m.poll_action(now) else {
+            panic!("expected a Join");
+        };
+        assert_eq!(request.member_id.as_str(), "m-1");
     }
 
     #[test]
