@@ -931,6 +931,33 @@ impl ClassicMember {
         self.state == State::Fatal
     }
 
+    /// The names of the assignors offered (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn assignor_names(&self) -> Vec<String> {
+        self.cfg
+            .assignors
+            .iter()
+            .map(|a| a.name().to_owned())
+            .collect()
+    }
+
+    /// Whether the JoinGroup (`kind` 0), leader metadata (1) or SyncGroup (2) `seq` is still
+    /// awaited (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn is_step_out(&self, seq: u64, kind: u8) -> bool {
+        match kind {
+            0 => self.state == State::Joining { seq },
+            1 => self.state == State::Assigning { seq },
+            _ => self.state == State::Syncing { seq },
+        }
+    }
+
+    /// Whether heartbeat `seq` is still awaited (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn is_heartbeat_out(&self, seq: u64) -> bool {
+        self.heartbeat_in_flight == Some(seq)
+    }
+
     /// The state's name, for tests.
     #[cfg(test)]
     pub(crate) fn state_name(&self) -> &'static str {
