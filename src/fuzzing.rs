@@ -676,3 +676,646 @@ fn commit_answer(codes: [u8; 3], missing: u8) -> OffsetCommitResponse {
     }
     OffsetCommitResponse::default().with_topics(topics)
 }
+
+/// Reads a fuzz input as a stream of small numbers; zero once it runs out.
+struct Bytes8<'a>(&'a [u8]);
+
+impl Bytes8<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+
+    fn bool(&mut self) -> bool {
+        self.u8() & 1 == 1
+    }
+
+    fn done(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// An error code: one of the group protocols' (and 0), or any value.
+    fn code(&mut self) -> i16 {
+        const CODES: [i16; 24] = [
+            0, 0, 0, 7, 14, 15, 16, 22, 23, 24, 25, 26, 27, 30, 35, 42, 79, 81, 82, 110, 111, 112,
+            113, 128,
+        ];
+        let b = self.u8();
+        CODES
+            .get(usize::from(b))
+            .copied()
+            .unwrap_or(i16::from(b as i8))
+    }
+
+    /// A few bytes of arbitrary length (at most 64).
+    fn bytes(&mut self) -> Bytes {
+        let n = usize::from(self.u8() % 65).min(self.0.len());
+        let (b, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Bytes::copy_from_slice(b)
+    }
+}
+
+/// The topics the group fuzzers play with; `x` is never subscribed.
+const GROUP_TOPICS: [&str; 3] = ["a", "b", "x"];
+
+fn group_config(r: &mut Bytes8<'_>) -> crate::proto::group::GroupConfig {
+    use crate::config::AssignmentStrategy;
+    let strategy = match r.u8() % 3 {
+        0 => AssignmentStrategy::Range,
+        1 => AssignmentStrategy::CooperativeSticky,
+        _ => AssignmentStrategy::RoundRobin,
+    };
+    crate::proto::group::GroupConfig {
+        group_id: "g".into(),
+        instance_id: r.bool().then(|| "i".to_owned()),
+        session_timeout: Duration::from_secs(10),
+        rebalance_timeout: Duration::from_secs(30),
+        heartbeat_interval: Duration::from_secs(1),
+        retry_backoff: Duration::from_millis(100),
+        assignors: vec![crate::assignor::builtin(strategy)],
+    }
+}
+
+fn group_topics(mask: u8) -> BTreeSet<String> {
+    GROUP_TOPICS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .map(|(_, t)| (*t).to_owned())
+        .collect()
+}
+
+/// Partitions 0..4 of the three topics, chosen by a 12-bit mask.
+fn group_partitions(mask: u16) -> Vec<TopicPartition> {
+    (0..12)
+        .filter(|i| mask & (1 << i) != 0)
+        .map(|i| TopicPartition::new(GROUP_TOPICS[i / 4], (i % 4) as i32))
+        .collect()
+}
+
+fn transport_error() -> Error {
+    Error::timeout("a fuzzed request", Duration::from_secs(1))
+}
+
+/// What both group fuzzers check after every step, from the events the machine emitted.
+#[derive(Default)]
+struct GroupModel {
+    /// Partitions lost, or revoked and given up, and not assigned again since.
+    gone: BTreeSet<TopicPartition>,
+    /// The revocation the application has not finished.
+    revoking: Option<BTreeSet<TopicPartition>>,
+    /// Set by an assignment, cleared when partitions are lost.
+    member: bool,
+    /// The coordinator the last lookup answered.
+    found: Option<i32>,
+}
+
+impl GroupModel {
+    fn events(&mut self, events: Vec<crate::proto::group::GroupEvent>) {
+        use crate::proto::group::GroupEvent;
+        for e in events {
+            match e {
+                GroupEvent::Revoke(tps) => {
+                    assert!(
+                        self.revoking.is_none(),
+                        "a second Revoke before the first was done"
+                    );
+                    self.revoking = Some(tps.into_iter().collect());
+                }
+                GroupEvent::Lost(tps) => {
+                    self.member = false;
+                    self.gone.extend(tps);
+                }
+                GroupEvent::Assign { added, .. } => {
+                    if let Some(r) = &self.revoking {
+                        for tp in &added {
+                            assert!(!r.contains(tp), "{tp} assigned again while being revoked");
+                        }
+                    }
+                    self.member = true;
+                    for tp in added {
+                        self.gone.remove(&tp);
+                    }
+                }
+            }
+        }
+    }
+
+    fn revocation_done(&mut self) {
+        if let Some(r) = self.revoking.take() {
+            self.gone.extend(r);
+        }
+    }
+
+    fn check(&self, m: &crate::proto::group::Membership) {
+        for tp in m.owned() {
+            assert!(
+                !self.gone.contains(tp),
+                "{tp} owned after it was lost or revoked"
+            );
+        }
+        if let Some(id) = m.identity() {
+            assert!(
+                id.generation_or_epoch >= 0,
+                "identity with generation {id:?}"
+            );
+            // Classic: a generation comes with its assignment. (A KIP-848 epoch may come
+            // before any assignment does.)
+            if matches!(m, crate::proto::group::Membership::Classic(_)) {
+                assert!(
+                    self.member,
+                    "identity {id:?} without an assignment since partitions were lost"
+                );
+            }
+            assert!(!m.is_fatal(), "identity of a fatal member");
+        }
+        if m.is_fatal() {
+            assert!(m.owned().is_empty(), "a fatal member owns partitions");
+        }
+    }
+
+    /// A request for the coordinator goes to the one found last, which the machine knows.
+    fn to_coordinator(&self, m: &crate::proto::group::Membership, node: i32) {
+        assert_eq!(
+            m.coordinator(),
+            Some(node),
+            "request to {node}, not the coordinator"
+        );
+        assert_eq!(
+            self.found,
+            Some(node),
+            "request to {node}, which no lookup answered"
+        );
+    }
+}
+
+/// Drives a classic group member (`ClassicMember`) with answers built from the input: arbitrary
+/// error codes, generations, member ids, leaders, member metadata and assignment bytes (valid
+/// encodings or garbage), lost answers, revocations finished, poll timeouts, subscription and
+/// metadata changes, refused commits, on a fake clock. Checks: at most one JoinGroup/SyncGroup
+/// (or leader metadata) step and one heartbeat in flight, requests only to the coordinator
+/// found, no identity without a current assignment, no partition owned after it was lost or
+/// given up until assigned again, no partition of a revocation assigned again before the
+/// revocation is done, and no panic.
+pub fn classic_member(data: &[u8]) {
+    use crate::assignor::{MemberAssignment, Subscription};
+    use crate::proto::group::classic::ClassicMember;
+    use crate::proto::group::{GroupAction, Membership};
+    use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+    use kafka_protocol::messages::{HeartbeatResponse, JoinGroupResponse, SyncGroupResponse};
+
+    let mut r = Bytes8(data);
+    let cfg = group_config(&mut r);
+    let mut m = Membership::Classic(ClassicMember::new(cfg));
+    let mut model = GroupModel::default();
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut finding: Option<u64> = None;
+    // The JoinGroup, leader metadata or SyncGroup out, and the heartbeat out.
+    let mut step: Option<(u64, u8)> = None;
+    let mut heartbeat: Option<u64> = None;
+    let mut counts: std::collections::BTreeMap<String, i32> =
+        GROUP_TOPICS.iter().map(|t| ((*t).to_owned(), 4)).collect();
+    let member_ids = ["", "m-1", "m-2", "i"];
+    let Membership::Classic(_) = &m else {
+        unreachable!()
+    };
+    let mut steps = 0;
+    while !r.done() && steps < 2000 {
+        steps += 1;
+        let op = r.u8();
+        let Membership::Classic(c) = &mut m else {
+            unreachable!()
+        };
+        match op % 16 {
+            0 | 1 => {
+                let coordinator = c.coordinator();
+                if let Some(action) = m.poll_action(now) {
+                    // The coordinator changed since the step went out: that step is void.
+                    let _ = coordinator;
+                    match action {
+                        GroupAction::FindCoordinator { seq } => {
+                            assert!(finding.is_none(), "two lookups");
+                            assert!(m.coordinator().is_none(), "lookup with a coordinator");
+                            finding = Some(seq);
+                        }
+                        GroupAction::Join { seq, node, request } => {
+                            model.to_coordinator(&m, node);
+                            assert!(step.is_none(), "JoinGroup while {step:?} is out");
+                            assert!(request.protocols.len() <= 1);
+                            step = Some((seq, 0));
+                        }
+                        GroupAction::Heartbeat { seq, node, .. } => {
+                            model.to_coordinator(&m, node);
+                            assert!(heartbeat.is_none(), "two heartbeats out");
+                            assert!(step.is_none(), "heartbeat while {step:?} is out");
+                            heartbeat = Some(seq);
+                        }
+                        other => panic!("unexpected action from poll_action: {other:?}"),
+                    }
+                }
+            }
+            2 => now += Duration::from_millis(u64::from(r.u8()) * 20),
+            3 => {
+                if let Some(seq) = finding.take() {
+                    let result = if r.bool() {
+                        let node = i32::from(r.u8() % 3);
+                        model.found = Some(node);
+                        Ok(node)
+                    } else {
+                        let code = r.code();
+                        Err(match ResponseError::try_from_code(code) {
+                            Some(code) if code != ResponseError::UnknownServerError => {
+                                Error::broker(code, "FindCoordinator", None)
+                            }
+                            _ => transport_error(),
+                        })
+                    };
+                    m.handle_find_coordinator(seq, now, result);
+                }
+            }
+            4 => {
+                // A JoinGroup answer.
+                let Some((seq, 0)) = step else { continue };
+                let code = r.code();
+                let mut resp = JoinGroupResponse::default()
+                    .with_error_code(code)
+                    .with_generation_id(i32::from(r.u8() as i8))
+                    .with_member_id(StrBytes::from_static_str(
+                        member_ids[usize::from(r.u8() % 4)],
+                    ))
+                    .with_protocol_type(match r.u8() % 4 {
+                        0 => None,
+                        1 => Some(StrBytes::from_static_str("connect")),
+                        _ => Some(StrBytes::from_static_str("consumer")),
+                    })
+                    .with_protocol_name(match r.u8() % 4 {
+                        0 => None,
+                        1 => Some(StrBytes::from_static_str("nonesuch")),
+                        _ => Some(StrBytes::from_string(
+                            c.assignor_names().first().cloned().unwrap_or_default(),
+                        )),
+                    })
+                    .with_skip_assignment(r.u8() % 8 == 0);
+                let leader = r.u8() % 3;
+                resp.leader = match leader {
+                    0 => resp.member_id.clone(),
+                    1 => StrBytes::from_static_str("other"),
+                    _ => StrBytes::default(),
+                };
+                for i in 0..r.u8() % 4 {
+                    let metadata = if r.bool() {
+                        r.bytes()
+                    } else {
+                        let sub = Subscription {
+                            topics: group_topics(r.u8()).into_iter().collect(),
+                            owned_partitions: group_partitions(u16::from(r.u8())),
+                            generation_id: i32::from(r.u8() as i8),
+                            ..Subscription::default()
+                        };
+                        consumer_protocol::encode_subscription(&sub).unwrap_or_default()
+                    };
+                    resp.members.push(
+                        JoinGroupResponseMember::default()
+                            .with_member_id(if i == 0 {
+                                resp.member_id.clone()
+                            } else {
+                                StrBytes::from_string(format!("o-{i}"))
+                            })
+                            .with_metadata(metadata),
+                    );
+                }
+                step = None;
+                heartbeat = None;
+                let result = if r.u8() % 8 == 0 {
+                    Err(transport_error())
+                } else {
+                    Ok(resp)
+                };
+                let Membership::Classic(c) = &mut m else {
+                    unreachable!()
+                };
+                let action = c.handle_join(seq, now, result);
+                after_step(&m, &mut model, &mut step, action);
+            }
+            5 => {
+                // The leader's metadata.
+                let Some((seq, 1)) = step else { continue };
+                step = None;
+                let result = if r.u8() % 8 == 0 {
+                    Err(transport_error())
+                } else {
+                    Ok(counts.clone())
+                };
+                let action = c.handle_leader_metadata(seq, now, result);
+                after_step(&m, &mut model, &mut step, action);
+            }
+            6 => {
+                // A SyncGroup answer.
+                let Some((seq, 2)) = step else { continue };
+                step = None;
+                let code = r.code();
+                let assignment = if r.bool() {
+                    r.bytes()
+                } else {
+                    let a = MemberAssignment {
+                        partitions: group_partitions(u16::from(r.u8()) | (u16::from(r.u8()) << 8)),
+                        user_data: None,
+                    };
+                    consumer_protocol::encode_assignment(&a).unwrap_or_default()
+                };
+                let resp = SyncGroupResponse::default()
+                    .with_error_code(code)
+                    .with_protocol_name(if r.u8() % 8 == 0 {
+                        Some(StrBytes::from_static_str("nonesuch"))
+                    } else {
+                        None
+                    })
+                    .with_assignment(assignment);
+                let result = if r.u8() % 8 == 0 {
+                    Err(transport_error())
+                } else {
+                    Ok(resp)
+                };
+                c.handle_sync(seq, now, result, &counts);
+            }
+            7 => {
+                let Some(seq) = heartbeat.take() else {
+                    continue;
+                };
+                let result = if r.u8() % 8 == 0 {
+                    Err(transport_error())
+                } else {
+                    Ok(HeartbeatResponse::default().with_error_code(r.code()))
+                };
+                c.handle_heartbeat(seq, now, result);
+            }
+            8 => {
+                model.revocation_done();
+                m.revocation_done(now, &|_| None);
+            }
+            9 => {
+                if let Some(GroupAction::Leave { node, .. }) = m.poll_timeout() {
+                    model.to_coordinator(&m, node);
+                }
+                step = None;
+                heartbeat = None;
+            }
+            10 => m.resume_after_poll_timeout(),
+            11 => c.subscribe(group_topics(r.u8())),
+            12 => {
+                let t = GROUP_TOPICS[usize::from(r.u8() % 3)];
+                counts.insert(t.to_owned(), i32::from(r.u8() % 8));
+                c.metadata(&counts);
+            }
+            13 => {
+                if let Some(code) = ResponseError::try_from_code(r.code()) {
+                    m.commit_refused(code, now);
+                }
+            }
+            14 => {
+                if r.u8() % 16 == 0 {
+                    if let Some(GroupAction::Leave { node, .. }) = m.close() {
+                        model.to_coordinator(&m, node);
+                    }
+                    step = None;
+                    heartbeat = None;
+                }
+            }
+            _ => {
+                // A lost answer to whatever is out.
+                if let Some((seq, kind)) = step.take() {
+                    let action = match kind {
+                        0 => c.handle_join(seq, now, Err(transport_error())),
+                        1 => c.handle_leader_metadata(seq, now, Err(transport_error())),
+                        _ => {
+                            c.handle_sync(seq, now, Err(transport_error()), &counts);
+                            None
+                        }
+                    };
+                    after_step(&m, &mut model, &mut step, action);
+                } else if let Some(seq) = heartbeat.take() {
+                    c.handle_heartbeat(seq, now, Err(transport_error()));
+                }
+            }
+        }
+        // A step the machine gave up on (coordinator lost, rejoin) is void: its answer would be
+        // ignored, so the harness forgets it too.
+        let Membership::Classic(c) = &m else {
+            unreachable!()
+        };
+        if let Some((seq, kind)) = step
+            && !c.is_step_out(seq, kind)
+        {
+            step = None;
+        }
+        if let Some(seq) = heartbeat
+            && !c.is_heartbeat_out(seq)
+        {
+            heartbeat = None;
+        }
+        if m.coordinator().is_none() {
+            heartbeat = None;
+        }
+        model.events(m.take_events());
+        model.check(&m);
+    }
+}
+
+/// After a JoinGroup or leader-metadata answer: the follow-up request, if any.
+fn after_step(
+    m: &crate::proto::group::Membership,
+    model: &mut GroupModel,
+    step: &mut Option<(u64, u8)>,
+    action: Option<crate::proto::group::GroupAction>,
+) {
+    use crate::proto::group::GroupAction;
+    match action {
+        None => {}
+        Some(GroupAction::LeaderMetadata { seq, topics }) => {
+            assert!(topics.len() <= GROUP_TOPICS.len() + 1);
+            *step = Some((seq, 1));
+        }
+        Some(GroupAction::Sync { seq, node, .. }) => {
+            model.to_coordinator(m, node);
+            *step = Some((seq, 2));
+        }
+        Some(other) => panic!("unexpected follow-up {other:?}"),
+    }
+}
+
+/// Drives a KIP-848 member (`ConsumerMember`) with ConsumerGroupHeartbeat answers built from
+/// the input (arbitrary error codes, epochs, member ids, assignments by topic id, some ids
+/// unknown to metadata until a later step), lost answers, revocations finished, poll timeouts,
+/// subscription changes and refused commits, on a fake clock. Checks: at most one heartbeat
+/// in flight, sent only to the coordinator found, no identity without a current assignment,
+/// no partition owned after it was lost or given up until assigned again, and no panic.
+pub fn consumer_member(data: &[u8]) {
+    use crate::proto::group::kip848::ConsumerMember;
+    use crate::proto::group::{GroupAction, Membership};
+    use kafka_protocol::messages::ConsumerGroupHeartbeatResponse;
+    use kafka_protocol::messages::consumer_group_heartbeat_response::{
+        Assignment, TopicPartitions,
+    };
+
+    let mut r = Bytes8(data);
+    let cfg = group_config(&mut r);
+    let mut m = Membership::Consumer(ConsumerMember::new(cfg));
+    let mut model = GroupModel::default();
+    let mut now = Instant::now();
+    let mut finding: Option<u64> = None;
+    let mut heartbeat: Option<u64> = None;
+    // Topic ids 1..=3 name `a`, `b`, `x`; 4 is never known. `known` says which metadata knows.
+    let mut known: u8 = 0b011;
+    let ids = [
+        Uuid::from_u128(1),
+        Uuid::from_u128(2),
+        Uuid::from_u128(3),
+        Uuid::from_u128(4),
+    ];
+    let mut steps = 0;
+    while !r.done() && steps < 2000 {
+        steps += 1;
+        let op = r.u8();
+        let names = move |id: &Uuid| -> Option<String> {
+            let i = ids.iter().position(|x| x == id)?;
+            (i < 3 && known & (1 << i) != 0).then(|| GROUP_TOPICS[i].to_owned())
+        };
+        let Membership::Consumer(c) = &mut m else {
+            unreachable!()
+        };
+        match op % 12 {
+            0 | 1 => {
+                if let Some(action) = m.poll_action(now) {
+                    match action {
+                        GroupAction::FindCoordinator { seq } => {
+                            assert!(finding.is_none(), "two lookups");
+                            finding = Some(seq);
+                        }
+                        GroupAction::ConsumerHeartbeat { seq, node, request } => {
+                            model.to_coordinator(&m, node);
+                            assert!(heartbeat.is_none(), "two heartbeats out");
+                            assert!(request.member_epoch >= 0, "{request:?}");
+                            heartbeat = Some(seq);
+                        }
+                        other => panic!("unexpected action from poll_action: {other:?}"),
+                    }
+                }
+            }
+            2 => now += Duration::from_millis(u64::from(r.u8()) * 20),
+            3 => {
+                if let Some(seq) = finding.take() {
+                    let result = if r.bool() {
+                        let node = i32::from(r.u8() % 3);
+                        model.found = Some(node);
+                        Ok(node)
+                    } else {
+                        Err(transport_error())
+                    };
+                    m.handle_find_coordinator(seq, now, result);
+                }
+            }
+            4 | 5 => {
+                let Some(seq) = heartbeat.take() else {
+                    continue;
+                };
+                let code = r.code();
+                let mut resp = ConsumerGroupHeartbeatResponse::default()
+                    .with_error_code(code)
+                    .with_member_id(match r.u8() % 4 {
+                        0 => None,
+                        1 => Some(StrBytes::from_static_str("other")),
+                        _ => Some(StrBytes::from_string(c.member_id().to_owned())),
+                    })
+                    .with_member_epoch(i32::from(r.u8() as i8))
+                    .with_heartbeat_interval_ms(i32::from(r.u8() as i8) * 100);
+                if r.bool() {
+                    let mut tps = Vec::new();
+                    for _ in 0..r.u8() % 5 {
+                        let id = ids[usize::from(r.u8() % 4)];
+                        let parts =
+                            (0..8).filter(|i| r.0.first().is_some_and(|b| b & (1 << i) != 0));
+                        let parts: Vec<i32> = parts.collect();
+                        r.u8();
+                        tps.push(
+                            TopicPartitions::default()
+                                .with_topic_id(id)
+                                .with_partitions(parts),
+                        );
+                    }
+                    resp.assignment = Some(Assignment::default().with_topic_partitions(tps));
+                }
+                let result = if r.u8() % 8 == 0 {
+                    Err(transport_error())
+                } else {
+                    Ok(resp)
+                };
+                c.handle_heartbeat(seq, now, result, &names);
+            }
+            6 => {
+                model.revocation_done();
+                m.revocation_done(now, &names);
+            }
+            7 => {
+                match m.poll_timeout() {
+                    Some(GroupAction::ConsumerLeave { node, .. }) => model.to_coordinator(&m, node),
+                    None => {}
+                    Some(other) => panic!("unexpected action from poll_timeout: {other:?}"),
+                }
+                heartbeat = None;
+            }
+            8 => m.resume_after_poll_timeout(),
+            9 => {
+                let b = r.u8();
+                if b & 0x80 != 0 {
+                    c.subscribe_pattern(
+                        ["a|b", "x", ".*", "("][usize::from(b & 3)].to_owned(),
+                        now,
+                    );
+                } else {
+                    c.subscribe(group_topics(b), now);
+                }
+            }
+            10 => {
+                // Metadata learns (or forgets) topic ids.
+                known = r.u8();
+                c.reconcile(now, &names);
+            }
+            _ => match r.u8() % 4 {
+                0 => {
+                    if let Some(code) = ResponseError::try_from_code(r.code()) {
+                        m.commit_refused(code, now);
+                    }
+                }
+                1 => {
+                    if let Some(seq) = heartbeat.take() {
+                        c.handle_heartbeat(seq, now, Err(transport_error()), &names);
+                    }
+                }
+                2 if r.u8() % 8 == 0 => {
+                    if let Some(GroupAction::ConsumerLeave { node, .. }) = m.close() {
+                        model.to_coordinator(&m, node);
+                    }
+                    heartbeat = None;
+                }
+                _ => {}
+            },
+        }
+        let Membership::Consumer(c) = &m else {
+            unreachable!()
+        };
+        if let Some(seq) = heartbeat
+            && !c.is_heartbeat_out(seq)
+        {
+            heartbeat = None;
+        }
+        model.events(m.take_events());
+        model.check(&m);
+    }
+}

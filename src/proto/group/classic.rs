@@ -815,15 +815,17 @@ impl ClassicMember {
             *known = (*known).max(*n);
         }
         let assigned: BTreeSet<TopicPartition> = assignment.partitions.into_iter().collect();
-        let revoked: Vec<TopicPartition> = self.owned.difference(&assigned).cloned().collect();
-        let added: Vec<TopicPartition> = assigned.difference(&self.owned).cloned().collect();
-        // Assigned topics must be subscribed; anything else is a stale or foreign assignment.
+        // Assigned topics must be subscribed; anything else is a stale or foreign assignment,
+        // not applied: the member joins again with its current subscription.
         if assigned.iter().any(|tp| !self.topics.contains(&*tp.topic)) {
             tracing::info!(
-                "the assignment names topics this member no longer subscribes to; rejoining"
+                "the assignment names topics this member does not subscribe to; joining again"
             );
-            self.rejoin = true;
+            self.state = State::JoinBackoff { not_before: now };
+            return;
         }
+        let revoked: Vec<TopicPartition> = self.owned.difference(&assigned).cloned().collect();
+        let added: Vec<TopicPartition> = assigned.difference(&self.owned).cloned().collect();
         self.state = State::Stable;
         self.next_heartbeat = Some(now + self.cfg.heartbeat_interval);
         tracing::info!(
@@ -935,6 +937,33 @@ impl ClassicMember {
     /// True once the machine can do nothing more.
     pub(crate) fn is_fatal(&self) -> bool {
         self.state == State::Fatal
+    }
+
+    /// The names of the assignors offered (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn assignor_names(&self) -> Vec<String> {
+        self.cfg
+            .assignors
+            .iter()
+            .map(|a| a.name().to_owned())
+            .collect()
+    }
+
+    /// Whether the JoinGroup (`kind` 0), leader metadata (1) or SyncGroup (2) `seq` is still
+    /// awaited (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn is_step_out(&self, seq: u64, kind: u8) -> bool {
+        match kind {
+            0 => self.state == State::Joining { seq },
+            1 => self.state == State::Assigning { seq },
+            _ => self.state == State::Syncing { seq },
+        }
+    }
+
+    /// Whether heartbeat `seq` is still awaited (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn is_heartbeat_out(&self, seq: u64) -> bool {
+        self.heartbeat_in_flight == Some(seq)
     }
 
     /// The state's name, for tests.
@@ -1057,6 +1086,31 @@ mod tests {
         );
         assert_eq!(m.identity().unwrap().generation_or_epoch, 5);
         m
+    }
+
+    /// An assignment naming a topic this member does not subscribe to is not applied: no
+    /// partition of it is owned or announced, and the member joins again.
+    #[test]
+    fn assignment_of_an_unsubscribed_topic_is_not_applied() {
+        let now = Instant::now();
+        let mut m = ClassicMember::new(cfg(AssignmentStrategy::Range));
+        let seq = to_join(&mut m, now);
+        let Some(GroupAction::Sync { seq, .. }) =
+            m.handle_join(seq, now, Ok(joined("m-1", "other", 5)))
+        else {
+            panic!("expected Sync");
+        };
+        let a = MemberAssignment::new(vec![tp(0), TopicPartition::new("other", 0)]);
+        let resp = SyncGroupResponse::default()
+            .with_assignment(consumer_protocol::encode_assignment(&a).unwrap());
+        m.handle_sync(seq, now, Ok(resp), &BTreeMap::new());
+        assert!(m.owned().is_empty());
+        assert!(m.take_events().is_empty());
+        assert!(m.identity().is_none());
+        let Some(GroupAction::Join { request, .. }) = m.poll_action(now) else {
+            panic!("expected a Join");
+        };
+        assert_eq!(request.member_id.as_str(), "m-1");
     }
 
     #[test]

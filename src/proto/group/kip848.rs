@@ -133,6 +133,18 @@ impl ConsumerMember {
         self.unresolved
     }
 
+    /// The member id this member chose (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn member_id(&self) -> &str {
+        &self.member_id
+    }
+
+    /// Whether heartbeat `seq` is still awaited (for the fuzz harness).
+    #[cfg(fuzzing)]
+    pub(crate) fn is_heartbeat_out(&self, seq: u64) -> bool {
+        self.in_flight == Some(seq)
+    }
+
     pub(crate) fn take_events(&mut self) -> Vec<GroupEvent> {
         std::mem::take(&mut self.events)
     }

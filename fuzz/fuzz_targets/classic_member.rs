@@ -1,0 +1,6 @@
+//! A byte string read as a sequence of group events → the classic membership state machine.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| kafka_source::fuzzing::classic_member(data));
