@@ -390,6 +390,15 @@ impl ConsumerMember {
         if self.sent_epoch < 0 {
             return; // the answer to leaving
         }
+        if resp.member_epoch < 0 {
+            // Negative epochs only ever mean leaving; a broker that answers one is treated as
+            // having fenced this member: partitions lost, join again at epoch 0.
+            tracing::warn!(group = %self.cfg.group_id, epoch = resp.member_epoch, "heartbeat answered with a negative member epoch; joining again");
+            self.lose_all();
+            self.epoch = 0;
+            self.next_heartbeat = Some(now + self.cfg.retry_backoff);
+            return;
+        }
         if let Some(id) = resp.member_id.as_ref()
             && !id.is_empty()
         {
@@ -734,6 +743,22 @@ mod tests {
             }]
         );
         assert!(!m.needs_metadata());
+    }
+
+    /// A successful answer with a negative epoch is not taken as the member's epoch.
+    #[test]
+    fn negative_epoch_in_an_answer_is_fencing() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let t = now + Duration::from_secs(1);
+        let (seq, _) = heartbeat(&mut m, t);
+        m.handle_heartbeat(seq, t, Ok(answer(-65, None)), &names);
+        assert_eq!(
+            m.take_events(),
+            vec![GroupEvent::Lost(vec![tp(0), tp(1), tp(2)])]
+        );
+        let (_, req) = heartbeat(&mut m, t + Duration::from_secs(1));
+        assert_eq!(req.member_epoch, 0);
     }
 
     #[test]
