@@ -770,13 +770,19 @@ impl ClassicMember {
                 self.coordinator_lost(now);
                 return;
             }
-            Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => {
+            Some(ResponseError::RebalanceInProgress) => {
+                self.state = State::JoinBackoff { not_before: now };
+                return;
+            }
+            // The generation is gone: what a cooperative member still owns is lost (an eager
+            // member gave everything up before joining).
+            Some(ResponseError::IllegalGeneration) => {
+                self.lose_generation(false);
                 self.state = State::JoinBackoff { not_before: now };
                 return;
             }
             Some(ResponseError::UnknownMemberId) => {
-                self.member_id.clear();
-                self.generation = -1;
+                self.lose_generation(true);
                 self.state = State::JoinBackoff { not_before: now };
                 return;
             }
@@ -1301,10 +1307,9 @@ mod tests {
         let mut m = ClassicMember::new(cfg(AssignmentStrategy::Range));
         m.set_assignors(vec![Arc::new(AllToFirst)]);
         let seq = to_join(&mut m, now);
-        let sub = consumer_protocol::encode_subscription(&crate::assignor::Subscription::new([
-            "t",
-        ]))
-        .unwrap();
+        let sub =
+            consumer_protocol::encode_subscription(&crate::assignor::Subscription::new(["t"]))
+                .unwrap();
         let resp = joined("m-2", "m-2", 1)
             .with_protocol_name(Some(StrBytes::from_static_str("all-to-first")))
             .with_members(vec![
