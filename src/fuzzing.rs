@@ -789,8 +789,11 @@ impl GroupModel {
                     self.revoking = Some(tps.into_iter().collect());
                 }
                 GroupEvent::Lost(tps) => {
+                    // A revocation under way is void: the partitions are gone already, and
+                    // may be assigned again before the application answers it.
                     self.member = false;
                     self.gone.extend(tps);
+                    self.revoking = None;
                 }
                 GroupEvent::Assign { added, .. } => {
                     if let Some(r) = &self.revoking {
