@@ -25,23 +25,17 @@ struct Consumed {
     bytes: u64,
     /// From creating the client to the first record.
     first: Option<Duration>,
-    /// When a tenth of the records had arrived, and how many had: the steady-state rate is
-    /// taken over the rest.
-    tenth: Option<(Duration, u64)>,
     elapsed: Duration,
 }
 
 impl Consumed {
-    /// Counts one record of `len` key + value bytes, out of `want`.
-    fn record(&mut self, started: Instant, want: u64, len: usize) {
+    /// Counts one record of `len` key + value bytes.
+    fn record(&mut self, started: Instant, len: usize) {
         if self.first.is_none() {
             self.first = Some(started.elapsed());
         }
         self.bytes += len as u64;
         self.records += 1;
-        if self.tenth.is_none() && self.records >= want / 10 {
-            self.tenth = Some((started.elapsed(), self.records));
-        }
     }
 }
 
@@ -97,7 +91,6 @@ fn throughput(kind: &str, args: &[String]) -> Result<String, String> {
                 records: r.records,
                 bytes: r.bytes,
                 first: r.first,
-                tenth: r.tenth,
                 elapsed: r.elapsed,
             }
         }
@@ -116,12 +109,10 @@ fn throughput(kind: &str, args: &[String]) -> Result<String, String> {
         })?,
     };
     Ok(format!(
-        "records={} bytes={} first_s={:.6} tenth_s={:.6} tenth_records={} elapsed_s={:.6}",
+        "records={} bytes={} first_s={:.6} elapsed_s={:.6}",
         consumed.records,
         consumed.bytes,
         consumed.first.unwrap_or_default().as_secs_f64(),
-        consumed.tenth.unwrap_or_default().0.as_secs_f64(),
-        consumed.tenth.unwrap_or_default().1,
         consumed.elapsed.as_secs_f64()
     ))
 }
@@ -152,7 +143,6 @@ async fn ours(
         for r in &batch.records {
             c.record(
                 started,
-                want,
                 r.key.as_deref().map_or(0, <[u8]>::len) + r.value.as_deref().map_or(0, <[u8]>::len),
             );
         }
@@ -204,7 +194,6 @@ fn rdkafka_base(
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => c.record(
                 started,
-                want,
                 m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len),
             ),
             Some(Err(e)) => return Err(e.to_string()),
@@ -234,7 +223,6 @@ async fn rdkafka_stream(
         let m = consumer.recv().await.map_err(|e| e.to_string())?;
         c.record(
             started,
-            want,
             m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len),
         );
     }
@@ -276,7 +264,6 @@ async fn rskafka(
             .map_err(|e| e.to_string())?;
         c.record(
             started,
-            want,
             r.record.key.as_deref().map_or(0, <[u8]>::len)
                 + r.record.value.as_deref().map_or(0, <[u8]>::len),
         );

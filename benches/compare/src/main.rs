@@ -431,7 +431,7 @@ fn compile_java(out: &Path) -> PathBuf {
 
 fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> Option<Measured> {
     let timeout = child::CHILD_DEADLINE + Duration::from_secs(30);
-    // (run, records, first record s, steady-state records/s, elapsed s)
+    // (run, records, first record s, records/s after the first record, elapsed s)
     type Parsed = (ChildRun, u64, Option<f64>, Option<f64>, f64);
     let (run, records, first, steady, elapsed): Parsed = if client == Client::Java {
         let mut cmd = java_command(None);
@@ -474,14 +474,10 @@ fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> O
         let records: u64 = run.get("records")?.parse().ok()?;
         let elapsed: f64 = run.get("elapsed_s")?.parse().ok()?;
         let first = run.get("first_s").and_then(|v| v.parse().ok());
-        let tenth_s: Option<f64> = run.get("tenth_s").and_then(|v| v.parse().ok());
-        let tenth_records: Option<u64> = run.get("tenth_records").and_then(|v| v.parse().ok());
-        let steady = match (tenth_s, tenth_records) {
-            (Some(t), Some(n)) if elapsed > t && records > n => {
-                Some((records - n) as f64 / (elapsed - t))
-            }
-            _ => None,
-        };
+        // Without the start-up: records over the time after the first record arrived.
+        let steady = first
+            .filter(|&f: &f64| elapsed > f)
+            .map(|f| records as f64 / (elapsed - f));
         (run, records, first, steady, elapsed)
     };
     if !run.ok || records < case.records || elapsed <= 0.0 {
@@ -493,12 +489,10 @@ fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> O
         );
         return None;
     }
-    // The Java tool's figure (its fetch time) stands in for its steady-state rate.
-    let records_per_s = steady.unwrap_or(case.records as f64 / elapsed);
     Some(Measured {
-        records_per_s,
-        mb_per_s: records_per_s * case.payload_bytes as f64 / case.records as f64 / 1e6,
-        whole_per_s: case.records as f64 / elapsed,
+        records_per_s: case.records as f64 / elapsed,
+        mb_per_s: case.payload_bytes as f64 / elapsed / 1e6,
+        after_first_per_s: steady,
         first_ms: first.map(|s| s * 1e3),
         cpu_secs: run.cpu_secs,
         cpu_per_million: run.cpu_secs / (case.records as f64 / 1e6),
@@ -509,11 +503,12 @@ fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> O
 /// One throughput run's figures.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Measured {
-    /// Steady state: records per second over the last nine tenths of the records.
+    /// Records per second from creating the client to the last record (for the Java tool, its
+    /// own `fetch.time.ms`).
     pub(crate) records_per_s: f64,
     pub(crate) mb_per_s: f64,
-    /// Records over the whole run, from creating the client.
-    pub(crate) whole_per_s: f64,
+    /// Records per second from the first record to the last (not known for the Java tool).
+    pub(crate) after_first_per_s: Option<f64>,
     /// From creating the client to the first record (not known for the Java tool).
     pub(crate) first_ms: Option<f64>,
     pub(crate) cpu_secs: f64,

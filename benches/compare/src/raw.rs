@@ -31,8 +31,6 @@ pub(crate) struct Fetched {
     pub(crate) bytes: u64,
     /// From connecting to the first records.
     pub(crate) first: Option<Duration>,
-    /// When a tenth of the records had arrived, and how many had.
-    pub(crate) tenth: Option<(Duration, u64)>,
     /// From connecting to the last records.
     pub(crate) elapsed: Duration,
 }
@@ -55,7 +53,6 @@ pub(crate) fn consume(
     let mut offsets = vec![0i64; partitions as usize];
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut first = None;
-    let mut tenth = None;
     let mut correlation_id = 0;
     let mut frame = BytesMut::new();
     while records < want {
@@ -85,9 +82,6 @@ pub(crate) fn consume(
                 if n > 0 && first.is_none() {
                     first = Some(started.elapsed());
                 }
-                if tenth.is_none() && records >= want / 10 {
-                    tenth = Some((started.elapsed(), records));
-                }
                 if let Some(next) = next {
                     *slot = next;
                 }
@@ -98,7 +92,6 @@ pub(crate) fn consume(
         records,
         bytes,
         first,
-        tenth,
         elapsed: started.elapsed(),
     })
 }
