@@ -177,7 +177,22 @@ impl Cluster {
     pub fn single() -> Cluster {
         match Cluster::external_bootstrap() {
             Some(bootstrap) => Cluster::external(bootstrap),
-            None => Cluster::start(Shape::Single).unwrap_or_else(|e| panic!("{e}")),
+            None => Cluster::start(Shape::Single, &[]).unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+
+    /// A fresh single-node cluster like [`Cluster::single`], with `properties` appended to the
+    /// broker's `server.properties` (a later line overrides an earlier one), for example
+    /// `("group.coordinator.append.linger.ms", "0")` for a latency benchmark. With
+    /// `KAFKA_BOOTSTRAP` set, this is the external cluster and `properties` are not applied.
+    ///
+    /// # Panics
+    ///
+    /// If the broker does not serve Metadata within 120 s; the message holds its log.
+    pub fn single_with_properties(properties: &[(&str, &str)]) -> Cluster {
+        match Cluster::external_bootstrap() {
+            Some(bootstrap) => Cluster::external(bootstrap),
+            None => Cluster::start(Shape::Single, properties).unwrap_or_else(|e| panic!("{e}")),
         }
     }
 
@@ -189,7 +204,7 @@ impl Cluster {
     ///
     /// If the nodes do not all serve Metadata listing all three brokers within 120 s.
     pub fn three_nodes() -> Cluster {
-        Cluster::start(Shape::Three).unwrap_or_else(|e| panic!("{e}"))
+        Cluster::start(Shape::Three, &[]).unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn external(bootstrap: String) -> Cluster {
@@ -203,7 +218,7 @@ impl Cluster {
         }
     }
 
-    fn start(shape: Shape) -> Result<Cluster, String> {
+    fn start(shape: Shape, properties: &[(&str, &str)]) -> Result<Cluster, String> {
         // One cluster boots at a time per test process: JVM start-up is CPU-bound, and on a small
         // machine parallel boots take longer in total than one after the other.
         static BOOTING: Mutex<()> = Mutex::new(());
@@ -216,7 +231,7 @@ impl Cluster {
             jvm_opts.push(format!("-XX:SharedArchiveFile={}", archive.display()));
         }
         let tag = SEQ.fetch_add(1, Ordering::Relaxed).to_string();
-        let mut cluster = Cluster::prepare(shape, &tag, &jvm_opts)?;
+        let mut cluster = Cluster::prepare(shape, &tag, &jvm_opts, properties)?;
         let formatted_in = started.elapsed();
         for node in &cluster.nodes {
             if let Err(e) = spawn_node(node) {
@@ -241,8 +256,13 @@ impl Cluster {
     }
 
     /// Creates the data folder `<target>/kafka-test/<pid>-<tag>-<n>node`, writes each node's
-    /// `server.properties` and formats its storage. Nothing runs yet.
-    fn prepare(shape: Shape, tag: &str, extra_jvm_opts: &[String]) -> Result<Cluster, String> {
+    /// `server.properties` (with `properties` appended) and formats its storage. Nothing runs yet.
+    fn prepare(
+        shape: Shape,
+        tag: &str,
+        extra_jvm_opts: &[String],
+        properties: &[(&str, &str)],
+    ) -> Result<Cluster, String> {
         let root = test_root();
         fs::create_dir_all(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
         remove_stale_data(&root);
@@ -285,7 +305,10 @@ impl Cluster {
                     .collect(),
                 process: Mutex::new(None),
             };
-            let props = server_properties(shape, &node, &voters);
+            let mut props = server_properties(shape, &node, &voters);
+            for (key, value) in properties {
+                let _ = writeln!(props, "{key}={value}");
+            }
             fs::write(&node.config, props)
                 .map_err(|e| format!("cannot write {}: {e}", node.config.display()))?;
             nodes.push(node);
@@ -715,6 +738,7 @@ fn broker_class_data() -> Option<PathBuf> {
             Shape::Single,
             "cds",
             &[format!("-XX:ArchiveClassesAtExit={}", tmp.display())],
+            &[],
         )?;
         for node in &cluster.nodes {
             spawn_node(node)?;

@@ -1,0 +1,591 @@
+//! Side-by-side comparison of kafka-source with other Kafka consumers on one local broker.
+//!
+//! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N]`
+//!
+//! The driver starts one Apache Kafka 4.1.2 broker with the test harness (`protocol-tests`),
+//! fills one topic per (value size, partitions, codec) with the harness's Java producer, and
+//! runs every consumer as its own child process, interleaved: kafka-source, rust-rdkafka's
+//! `BaseConsumer` and `StreamConsumer`, rskafka, the Java client's `ConsumerPerformance` tool and
+//! a raw-fetch ceiling. It then measures checkpoint-to-acknowledgement commit latency with a
+//! parked fetch (kafka-source and a Java consumer driven like Flink's legacy consumer thread)
+//! and kafka-source's peak RSS with a slow application. The report (markdown, CSV and PNG plots)
+//! goes to `target/compare/`.
+//!
+//! `compare child KIND ..` is how the driver starts the Rust consumers; see [`child`].
+
+mod child;
+mod proc;
+mod raw;
+mod report;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use protocol_tests::{Cluster, Compression, ProduceSpec, expected_key, kafka_libs, target_dir};
+
+use crate::proc::ChildRun;
+use crate::report::{LatencyRun, Machine, Report, SlowRun, ThroughputRun};
+
+/// The broker setting that makes the group coordinator write offset commits without waiting for
+/// more to batch (Kafka's default is 5 ms, a floor under any commit latency).
+const BROKER_PROPERTIES: &[(&str, &str)] = &[("group.coordinator.append.linger.ms", "0")];
+
+/// JVM options for the Java consumers: `kafka-run-class.sh`'s performance options and the heap
+/// `kafka-consumer-perf-test.sh` gives the tool.
+const JAVA_OPTS: &[&str] = &[
+    "-Xmx512M",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+];
+
+/// kafka-source's default `buffer.max.bytes`, the budget of the slow-application run.
+const SLOW_BUDGET: usize = 64 << 20;
+/// The slow application's cost per record.
+const SLOW_MICROS_PER_RECORD: u64 = 100;
+
+/// A consumer under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Client {
+    Ours,
+    RdkafkaBase,
+    RdkafkaStream,
+    Rskafka,
+    Java,
+    Raw,
+}
+
+impl Client {
+    pub(crate) const ALL: [Client; 6] = [
+        Client::Ours,
+        Client::RdkafkaBase,
+        Client::RdkafkaStream,
+        Client::Rskafka,
+        Client::Java,
+        Client::Raw,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Client::Ours => "kafka-source",
+            Client::RdkafkaBase => "rdkafka BaseConsumer",
+            Client::RdkafkaStream => "rdkafka StreamConsumer",
+            Client::Rskafka => "rskafka",
+            Client::Java => "Java ConsumerPerformance",
+            Client::Raw => "raw fetch (ceiling)",
+        }
+    }
+
+    fn child_kind(self) -> &'static str {
+        match self {
+            Client::Ours => "ours",
+            Client::RdkafkaBase => "rdkafka-base",
+            Client::RdkafkaStream => "rdkafka-stream",
+            Client::Rskafka => "rskafka",
+            Client::Java => "java",
+            Client::Raw => "raw",
+        }
+    }
+}
+
+/// One topic of the throughput matrix.
+#[derive(Debug, Clone)]
+pub(crate) struct Case {
+    pub(crate) value_size: usize,
+    pub(crate) partitions: i32,
+    pub(crate) compression: Compression,
+    pub(crate) topic: String,
+    pub(crate) records: u64,
+    /// Key + value bytes of all records.
+    pub(crate) payload_bytes: u64,
+}
+
+impl Case {
+    pub(crate) fn label(&self) -> String {
+        let size = if self.value_size >= 1024 {
+            format!("{} KiB", self.value_size / 1024)
+        } else {
+            format!("{} B", self.value_size)
+        };
+        format!(
+            "{size}, {}p, {}",
+            self.partitions,
+            self.compression.as_str()
+        )
+    }
+}
+
+/// How much to run.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) quick: bool,
+    pub(crate) warmups: usize,
+    pub(crate) reps: usize,
+    pub(crate) records_small: u64,
+    pub(crate) records_large: u64,
+    pub(crate) commits: u64,
+    pub(crate) commit_warmup: u64,
+    pub(crate) slow_runs: usize,
+    pub(crate) slow_seconds: f64,
+}
+
+impl Plan {
+    fn new(quick: bool, reps: Option<usize>) -> Plan {
+        let mut plan = if quick {
+            Plan {
+                quick,
+                warmups: 0,
+                reps: 1,
+                records_small: 200_000,
+                records_large: 40_000,
+                commits: 50,
+                commit_warmup: 10,
+                slow_runs: 1,
+                slow_seconds: 3.0,
+            }
+        } else {
+            Plan {
+                quick,
+                warmups: 1,
+                reps: 5,
+                records_small: 1_000_000,
+                records_large: 200_000,
+                commits: 200,
+                commit_warmup: 20,
+                slow_runs: 3,
+                slow_seconds: 8.0,
+            }
+        };
+        if let Some(r) = reps {
+            plan.reps = r.max(1);
+        }
+        plan
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("child") {
+        child::main(&args[1..]);
+    }
+    let mut quick = false;
+    let mut reps = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--reps" => {
+                reps = Some(
+                    it.next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| usage("--reps takes a number")),
+                );
+            }
+            "-h" | "--help" => usage(""),
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    let plan = Plan::new(quick, reps);
+    let started = Instant::now();
+    let out = target_dir().join("compare");
+    fs::create_dir_all(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
+    let log = out.join("children.log");
+    let _ = fs::remove_file(&log);
+    let mut machine = Machine::read();
+
+    eprintln!("[compare] starting Apache Kafka (harness), {BROKER_PROPERTIES:?}");
+    let cluster = Cluster::single_with_properties(BROKER_PROPERTIES);
+    let bootstrap = cluster.bootstrap();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+
+    let cases = make_cases(&cluster, &plan, nanos);
+    let java_dir = compile_java(&out);
+
+    // Throughput: rounds over all cases; within a case the clients' order rotates every round.
+    let mut throughput = Vec::new();
+    let rounds = plan.warmups + plan.reps;
+    for round in 0..rounds {
+        for (ci, case) in cases.iter().enumerate() {
+            let mut order = Client::ALL.to_vec();
+            order.rotate_left((round + ci) % Client::ALL.len());
+            for client in order {
+                let run = run_throughput(client, case, &bootstrap, &log);
+                let warm = round < plan.warmups;
+                eprintln!(
+                    "[compare] round {}/{rounds}{} {:<16} {:<26} {}",
+                    round + 1,
+                    if warm { " (warm-up)" } else { "" },
+                    case.label(),
+                    client.label(),
+                    run.as_ref().map_or("FAILED".to_string(), |r| format!(
+                        "{:>10.0} records/s {:>7.1} MB/s  cpu {:.2} s  rss {:.0} MiB",
+                        r.records_per_s,
+                        r.mb_per_s,
+                        r.cpu_secs,
+                        r.peak_rss as f64 / f64::from(1 << 20)
+                    ))
+                );
+                if !warm {
+                    throughput.push(ThroughputRun {
+                        case: ci,
+                        client,
+                        run,
+                    });
+                }
+            }
+        }
+    }
+
+    // Commit latency with a parked fetch.
+    let latency_topic = format!("cmp-latency-{nanos}");
+    cluster.create_topic(&latency_topic, 1, 1, &[]);
+    let mut latency = Vec::new();
+    for round in 0..rounds {
+        let mut order = [Client::Ours, Client::Java];
+        order.rotate_left(round % 2);
+        for client in order {
+            let group = format!("cmp-latency-{nanos}-{round}-{}", client.child_kind());
+            let run = run_latency(
+                client,
+                &bootstrap,
+                &latency_topic,
+                &group,
+                &plan,
+                &java_dir,
+                &log,
+            );
+            let warm = round < plan.warmups;
+            eprintln!(
+                "[compare] latency round {}/{rounds}{} {:<26} {}",
+                round + 1,
+                if warm { " (warm-up)" } else { "" },
+                latency_label(client),
+                run.as_ref().map_or("FAILED".to_string(), |r| format!(
+                    "p50 {:.3} ms p99 {:.3} ms max {:.3} ms",
+                    r.p50_ms, r.p99_ms, r.max_ms
+                ))
+            );
+            if !warm {
+                latency.push((client, run));
+            }
+        }
+    }
+
+    // Peak RSS of kafka-source with a slow application.
+    let slow_case = cases
+        .iter()
+        .find(|c| c.value_size == 1024 && c.partitions == 8 && c.compression == Compression::None)
+        .expect("the 1 KiB, 8-partition, uncompressed case")
+        .clone();
+    let mut slow = Vec::new();
+    for i in 0..plan.slow_runs {
+        let run = run_slow(&slow_case, &bootstrap, &plan, &log);
+        eprintln!(
+            "[compare] slow application run {}/{}: {}",
+            i + 1,
+            plan.slow_runs,
+            run.as_ref().map_or("FAILED".to_string(), |r| format!(
+                "peak RSS {:.1} MiB, {:.0} records/s",
+                r.peak_rss as f64 / f64::from(1 << 20),
+                r.records_per_s
+            ))
+        );
+        slow.push(run);
+    }
+
+    machine.finish();
+    let report = Report {
+        plan: plan.clone(),
+        machine,
+        cases,
+        throughput,
+        latency,
+        slow,
+        slow_case_label: slow_case.label(),
+        slow_budget: SLOW_BUDGET as u64,
+        slow_micros_per_record: SLOW_MICROS_PER_RECORD,
+        broker_properties: BROKER_PROPERTIES
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+        took: started.elapsed(),
+    };
+    let markdown = report.write(&out);
+    println!("{markdown}");
+    eprintln!(
+        "[compare] done in {:.0} s; report in {}",
+        started.elapsed().as_secs_f64(),
+        out.join("report.md").display()
+    );
+}
+
+fn usage(why: &str) -> ! {
+    if !why.is_empty() {
+        eprintln!("{why}");
+    }
+    eprintln!(
+        "usage: cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N]"
+    );
+    std::process::exit(2)
+}
+
+pub(crate) fn latency_label(client: Client) -> &'static str {
+    match client {
+        Client::Java => "Java consumer, wakeup + commitAsync",
+        _ => client.label(),
+    }
+}
+
+/// Creates and fills the topics: value sizes 100 B and 1 KiB, 1 and 8 partitions, uncompressed
+/// and lz4.
+fn make_cases(cluster: &Cluster, plan: &Plan, nanos: u128) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for value_size in [100usize, 1024] {
+        for partitions in [1, 8] {
+            for compression in [Compression::None, Compression::Lz4] {
+                let records = if value_size < 1024 {
+                    plan.records_small
+                } else {
+                    plan.records_large
+                };
+                let topic = format!(
+                    "cmp-{value_size}b-{partitions}p-{}-{nanos}",
+                    compression.as_str()
+                );
+                cluster.create_topic(&topic, partitions, 1, &[]);
+                let t = Instant::now();
+                let produced = cluster.produce(&ProduceSpec {
+                    topic: &topic,
+                    partitions,
+                    count: records,
+                    value_size,
+                    compression,
+                    ..ProduceSpec::default()
+                });
+                assert_eq!(
+                    produced.produced, records,
+                    "the producer wrote {produced:?}"
+                );
+                let keys: u64 = (0..records).map(|i| expected_key(i).len() as u64).sum();
+                let case = Case {
+                    value_size,
+                    partitions,
+                    compression,
+                    topic,
+                    records,
+                    payload_bytes: keys + records * value_size as u64,
+                };
+                eprintln!(
+                    "[compare] produced {records} records for {} in {:.1} s",
+                    case.label(),
+                    t.elapsed().as_secs_f64()
+                );
+                cases.push(case);
+            }
+        }
+    }
+    cases
+}
+
+fn self_command() -> Command {
+    Command::new(std::env::current_exe().expect("the path of this program"))
+}
+
+fn java_command(extra_classpath: Option<&Path>) -> Command {
+    let mut cmd = Command::new("java");
+    cmd.args(JAVA_OPTS);
+    let libs = format!("{}/*", kafka_libs().display());
+    let classpath = match extra_classpath {
+        Some(dir) => format!("{}:{libs}", dir.display()),
+        None => libs,
+    };
+    cmd.arg("-cp").arg(classpath);
+    cmd
+}
+
+/// Compiles `java/WakeupCommitLatency.java` against the Kafka client jar into
+/// `<out>/java`.
+fn compile_java(out: &Path) -> PathBuf {
+    let dir = out.join("java");
+    fs::create_dir_all(&dir).expect("java output folder");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("java/WakeupCommitLatency.java");
+    let status = Command::new("javac")
+        .arg("-cp")
+        .arg(format!("{}/*", kafka_libs().display()))
+        .arg("-d")
+        .arg(&dir)
+        .arg(&source)
+        .status()
+        .expect("cannot run javac");
+    assert!(status.success(), "javac failed for {}", source.display());
+    dir
+}
+
+fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> Option<Measured> {
+    let timeout = child::CHILD_DEADLINE + Duration::from_secs(30);
+    // (run, records, first record s, records/s after the first record, elapsed s)
+    type Parsed = (ChildRun, u64, Option<f64>, Option<f64>, f64);
+    let (run, records, first, steady, elapsed): Parsed = if client == Client::Java {
+        let mut cmd = java_command(None);
+        cmd.arg("org.apache.kafka.tools.ConsumerPerformance").args([
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            &case.topic,
+            "--messages",
+            &case.records.to_string(),
+            "--group",
+            &format!("cmp-perf-{}", std::process::id()),
+            "--timeout",
+            "60000",
+        ]);
+        let run = proc::run(cmd, log, timeout);
+        // start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
+        // rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
+        let fields: Option<Vec<String>> = run
+            .stdout
+            .lines()
+            .rfind(|l| l.contains(", ") && !l.starts_with("start.time"))
+            .map(|l| l.split(", ").map(|f| f.trim().to_string()).collect());
+        let Some(fields) = fields.filter(|f| f.len() >= 10) else {
+            eprintln!(
+                "[compare] unexpected ConsumerPerformance output:\n{}",
+                run.stdout
+            );
+            return None;
+        };
+        let records = fields[4].parse().ok()?;
+        let fetch_ms: f64 = fields[7].parse().ok()?;
+        (run, records, None, None, fetch_ms / 1e3)
+    } else {
+        let mut cmd = self_command();
+        cmd.args(["child", client.child_kind(), bootstrap, &case.topic])
+            .arg(case.partitions.to_string())
+            .arg(case.records.to_string());
+        let run = proc::run(cmd, log, timeout);
+        let records: u64 = run.get("records")?.parse().ok()?;
+        let elapsed: f64 = run.get("elapsed_s")?.parse().ok()?;
+        let first = run.get("first_s").and_then(|v| v.parse().ok());
+        // Without the start-up: records over the time after the first record arrived.
+        let steady = first
+            .filter(|&f: &f64| elapsed > f)
+            .map(|f| records as f64 / (elapsed - f));
+        (run, records, first, steady, elapsed)
+    };
+    if !run.ok || records < case.records || elapsed <= 0.0 {
+        eprintln!(
+            "[compare] {} on {}: ok={} records={records} elapsed={elapsed}",
+            client.label(),
+            case.label(),
+            run.ok
+        );
+        return None;
+    }
+    Some(Measured {
+        records_per_s: case.records as f64 / elapsed,
+        mb_per_s: case.payload_bytes as f64 / elapsed / 1e6,
+        after_first_per_s: steady,
+        first_ms: first.map(|s| s * 1e3),
+        cpu_secs: run.cpu_secs,
+        cpu_per_million: run.cpu_secs / (case.records as f64 / 1e6),
+        peak_rss: run.peak_rss,
+    })
+}
+
+/// One throughput run's figures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Measured {
+    /// Records per second from creating the client to the last record (for the Java tool, its
+    /// own `fetch.time.ms`).
+    pub(crate) records_per_s: f64,
+    pub(crate) mb_per_s: f64,
+    /// Records per second from the first record to the last (not known for the Java tool).
+    pub(crate) after_first_per_s: Option<f64>,
+    /// From creating the client to the first record (not known for the Java tool).
+    pub(crate) first_ms: Option<f64>,
+    pub(crate) cpu_secs: f64,
+    pub(crate) cpu_per_million: f64,
+    pub(crate) peak_rss: u64,
+}
+
+fn run_latency(
+    client: Client,
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    plan: &Plan,
+    java_dir: &Path,
+    log: &Path,
+) -> Option<LatencyRun> {
+    let args = [
+        bootstrap.to_string(),
+        topic.to_string(),
+        group.to_string(),
+        plan.commits.to_string(),
+        plan.commit_warmup.to_string(),
+    ];
+    let cmd = if client == Client::Java {
+        let mut cmd = java_command(Some(java_dir));
+        cmd.arg("WakeupCommitLatency").args(&args);
+        cmd
+    } else {
+        let mut cmd = self_command();
+        cmd.args(["child", "ours-latency"]).args(&args);
+        cmd
+    };
+    let run = proc::run(cmd, log, Duration::from_secs(300));
+    let mut micros: Vec<u64> = run
+        .get("lat_us")?
+        .split(',')
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    if !run.ok || micros.len() as u64 != plan.commits {
+        eprintln!(
+            "[compare] latency run of {} failed (ok={}, {} latencies)",
+            client.label(),
+            run.ok,
+            micros.len()
+        );
+        return None;
+    }
+    micros.sort_unstable();
+    let pct = |p: f64| {
+        let i = ((micros.len() as f64 * p).ceil() as usize).clamp(1, micros.len()) - 1;
+        micros[i] as f64 / 1e3
+    };
+    Some(LatencyRun {
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        max_ms: pct(1.0),
+        parked_at_ack: run.get("parked_at_ack").and_then(|v| v.parse().ok()),
+        commits: micros.len(),
+        peak_rss: run.peak_rss,
+    })
+}
+
+fn run_slow(case: &Case, bootstrap: &str, plan: &Plan, log: &Path) -> Option<SlowRun> {
+    let mut cmd = self_command();
+    cmd.args(["child", "ours-slow", bootstrap, &case.topic])
+        .arg(case.partitions.to_string())
+        .arg(SLOW_BUDGET.to_string())
+        .arg(plan.slow_seconds.to_string())
+        .arg(SLOW_MICROS_PER_RECORD.to_string());
+    let run = proc::run(cmd, log, Duration::from_secs(120));
+    let records: f64 = run.get("records")?.parse().ok()?;
+    let elapsed: f64 = run.get("elapsed_s")?.parse().ok()?;
+    if !run.ok || elapsed <= 0.0 {
+        return None;
+    }
+    Some(SlowRun {
+        peak_rss: run.peak_rss,
+        records_per_s: records / elapsed,
+    })
+}

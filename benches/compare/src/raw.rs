@@ -1,0 +1,208 @@
+//! The raw-fetch ceiling: one blocking connection that sends Fetch requests (v12, topic names,
+//! no session) one after the other and discards the records. Only the record batch headers are
+//! read, to count records and to move each partition's offset past the last whole batch; nothing
+//! is decompressed or parsed per record. No client that hands records to an application can
+//! do less work per byte over one connection, so its rate bounds what any of them can reach.
+//!
+//! Fetch settings are the Java client's defaults: `fetch.max.wait.ms` 500, `fetch.min.bytes` 1,
+//! `fetch.max.bytes` 50 MiB, `max.partition.fetch.bytes` 1 MiB.
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable as _, Encodable as _, HeaderVersion as _, StrBytes};
+
+use crate::child::CHILD_DEADLINE;
+
+const FETCH_VERSION: i16 = 12;
+
+/// What [`consume`] fetched.
+#[derive(Debug)]
+pub(crate) struct Fetched {
+    /// Records in whole batches.
+    pub(crate) records: u64,
+    /// Bytes of whole batches.
+    pub(crate) bytes: u64,
+    /// From connecting to the first records.
+    pub(crate) first: Option<Duration>,
+    /// From connecting to the last records.
+    pub(crate) elapsed: Duration,
+}
+
+/// Reads partitions `0..partitions` of `topic` from offset 0 until `want` records have been
+/// fetched.
+pub(crate) fn consume(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    want: u64,
+) -> Result<Fetched, String> {
+    let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let mut offsets = vec![0i64; partitions as usize];
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut first = None;
+    let mut correlation_id = 0;
+    let mut frame = BytesMut::new();
+    while records < want {
+        if started.elapsed() > CHILD_DEADLINE {
+            return Err(format!("only {records} of {want} records"));
+        }
+        correlation_id += 1;
+        frame.clear();
+        encode_fetch(&mut frame, correlation_id, topic, &offsets)?;
+        stream.write_all(&frame).map_err(|e| format!("send: {e}"))?;
+        let response = read_response(&mut stream, correlation_id)?;
+        for t in &response.responses {
+            for p in &t.partitions {
+                if p.error_code != 0 {
+                    return Err(format!(
+                        "partition {}: error code {}",
+                        p.partition_index, p.error_code
+                    ));
+                }
+                let Some(data) = &p.records else { continue };
+                let slot = offsets
+                    .get_mut(p.partition_index as usize)
+                    .ok_or("a partition that was not asked for")?;
+                let (n, next, used) = walk_batches(data);
+                records += n;
+                bytes += used as u64;
+                if n > 0 && first.is_none() {
+                    first = Some(started.elapsed());
+                }
+                if let Some(next) = next {
+                    *slot = next;
+                }
+            }
+        }
+    }
+    Ok(Fetched {
+        records,
+        bytes,
+        first,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Writes a size-prefixed Fetch request for every partition at its offset.
+fn encode_fetch(
+    frame: &mut BytesMut,
+    correlation_id: i32,
+    topic: &str,
+    offsets: &[i64],
+) -> Result<(), String> {
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Fetch as i16)
+        .with_request_api_version(FETCH_VERSION)
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("compare-raw")));
+    let partitions = offsets
+        .iter()
+        .enumerate()
+        .map(|(p, &offset)| {
+            FetchPartition::default()
+                .with_partition(p as i32)
+                .with_current_leader_epoch(-1)
+                .with_fetch_offset(offset)
+                .with_last_fetched_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(1 << 20)
+        })
+        .collect();
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(500)
+        .with_min_bytes(1)
+        .with_max_bytes(50 << 20)
+        .with_isolation_level(0)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+                .with_partitions(partitions),
+        ]);
+    frame.extend_from_slice(&[0; 4]);
+    header
+        .encode(frame, FetchRequest::header_version(FETCH_VERSION))
+        .map_err(|e| format!("encode header: {e}"))?;
+    request
+        .encode(frame, FETCH_VERSION)
+        .map_err(|e| format!("encode fetch: {e}"))?;
+    let size = (frame.len() - 4) as i32;
+    frame[..4].copy_from_slice(&size.to_be_bytes());
+    Ok(())
+}
+
+fn read_response(stream: &mut TcpStream, correlation_id: i32) -> Result<FetchResponse, String> {
+    let mut size = [0u8; 4];
+    stream
+        .read_exact(&mut size)
+        .map_err(|e| format!("receive: {e}"))?;
+    let size = i32::from_be_bytes(size);
+    if !(0..=(200 << 20)).contains(&size) {
+        return Err(format!("response size {size}"));
+    }
+    let mut body = vec![0u8; size as usize];
+    stream
+        .read_exact(&mut body)
+        .map_err(|e| format!("receive: {e}"))?;
+    let mut body = Bytes::from(body);
+    let header = ResponseHeader::decode(&mut body, FetchResponse::header_version(FETCH_VERSION))
+        .map_err(|e| format!("decode header: {e}"))?;
+    if header.correlation_id != correlation_id {
+        return Err(format!(
+            "correlation id {} for request {correlation_id}",
+            header.correlation_id
+        ));
+    }
+    let response = FetchResponse::decode(&mut body, FETCH_VERSION)
+        .map_err(|e| format!("decode fetch response: {e}"))?;
+    if response.error_code != 0 {
+        return Err(format!("fetch error code {}", response.error_code));
+    }
+    Ok(response)
+}
+
+/// Walks the record batch headers of one partition's records: (records in whole batches, the
+/// offset after the last whole batch, bytes of whole batches). A trailing partial batch (the
+/// broker cuts at `partition_max_bytes`) is left for the next fetch.
+fn walk_batches(data: &Bytes) -> (u64, Option<i64>, usize) {
+    // baseOffset i64, batchLength i32, partitionLeaderEpoch i32, magic i8, crc u32,
+    // attributes i16, lastOffsetDelta i32, baseTimestamp i64, maxTimestamp i64, producerId i64,
+    // producerEpoch i16, baseSequence i32, recordCount i32.
+    const HEADER: usize = 61;
+    let (mut records, mut next, mut used) = (0u64, None, 0usize);
+    let mut rest = &data[..];
+    while rest.len() >= HEADER {
+        let mut h = &rest[..HEADER];
+        let base_offset = h.get_i64();
+        let batch_length = h.get_i32();
+        let total = 12 + batch_length.max(0) as usize;
+        if batch_length < 49 || rest.len() < total {
+            break;
+        }
+        let mut h = &rest[23..HEADER];
+        let last_offset_delta = h.get_i32();
+        let count = rest[57..61]
+            .iter()
+            .fold(0u32, |n, &b| (n << 8) | u32::from(b));
+        records += u64::from(count);
+        next = Some(base_offset + i64::from(last_offset_delta) + 1);
+        used += total;
+        rest = &rest[total..];
+    }
+    (records, next, used)
+}

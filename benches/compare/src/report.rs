@@ -1,0 +1,708 @@
+//! The report: medians, min–max and ratios as markdown, every run as CSV, and PNG plots.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use crate::{Case, Client, Measured, Plan, latency_label};
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// The machine the run was on.
+#[derive(Debug, Clone)]
+pub(crate) struct Machine {
+    date: String,
+    cores: usize,
+    cpu: String,
+    ram: String,
+    load_before: String,
+    load_after: String,
+}
+
+impl Machine {
+    pub(crate) fn read() -> Machine {
+        let date = Command::new("date")
+            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let cpu = fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("model name"))
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        let ram = fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                let kib: f64 = s
+                    .lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some(format!("{:.1} GiB", kib / MIB))
+            })
+            .unwrap_or_else(|| "unknown".into());
+        Machine {
+            date,
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu,
+            ram,
+            load_before: load_average(),
+            load_after: String::new(),
+        }
+    }
+
+    pub(crate) fn finish(&mut self) {
+        self.load_after = load_average();
+    }
+}
+
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// One measured throughput run (`None` if it failed).
+#[derive(Debug, Clone)]
+pub(crate) struct ThroughputRun {
+    pub(crate) case: usize,
+    pub(crate) client: Client,
+    pub(crate) run: Option<Measured>,
+}
+
+/// One commit-latency run's percentiles.
+#[derive(Debug, Clone)]
+pub(crate) struct LatencyRun {
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+    /// kafka-source only: acknowledgements that arrived while the parked fetch was still out.
+    pub(crate) parked_at_ack: Option<i64>,
+    pub(crate) commits: usize,
+    pub(crate) peak_rss: u64,
+}
+
+/// One slow-application run.
+#[derive(Debug, Clone)]
+pub(crate) struct SlowRun {
+    pub(crate) peak_rss: u64,
+    pub(crate) records_per_s: f64,
+}
+
+/// Everything measured.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) plan: Plan,
+    pub(crate) machine: Machine,
+    pub(crate) cases: Vec<Case>,
+    pub(crate) throughput: Vec<ThroughputRun>,
+    pub(crate) latency: Vec<(Client, Option<LatencyRun>)>,
+    pub(crate) slow: Vec<Option<SlowRun>>,
+    pub(crate) slow_case_label: String,
+    pub(crate) slow_budget: u64,
+    pub(crate) slow_micros_per_record: u64,
+    pub(crate) broker_properties: Vec<String>,
+    pub(crate) took: Duration,
+}
+
+/// Median, min and max.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn spread(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+    let mut v: Vec<f64> = values.into_iter().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Some(Spread {
+        median,
+        min: v[0],
+        max: v[n - 1],
+    })
+}
+
+/// `1,234,567`.
+fn grouped(x: f64) -> String {
+    let s = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn with_range(s: Spread, fmt: impl Fn(f64) -> String) -> String {
+    if s.min == s.max {
+        fmt(s.median)
+    } else {
+        format!("{} ({}–{})", fmt(s.median), fmt(s.min), fmt(s.max))
+    }
+}
+
+impl Report {
+    fn runs(&self, case: usize, client: Client) -> Vec<Measured> {
+        self.throughput
+            .iter()
+            .filter(|r| r.case == case && r.client == client)
+            .filter_map(|r| r.run)
+            .collect()
+    }
+
+    fn failed(&self, case: usize, client: Client) -> usize {
+        self.throughput
+            .iter()
+            .filter(|r| r.case == case && r.client == client && r.run.is_none())
+            .count()
+    }
+
+    fn rate(&self, case: usize, client: Client) -> Option<Spread> {
+        spread(self.runs(case, client).iter().map(|m| m.records_per_s))
+    }
+
+    fn latency_of(&self, client: Client) -> Vec<&LatencyRun> {
+        self.latency
+            .iter()
+            .filter(|(c, _)| *c == client)
+            .filter_map(|(_, r)| r.as_ref())
+            .collect()
+    }
+
+    /// Writes `report.md`, `runs.csv` and the plots into `out`; returns the markdown.
+    pub(crate) fn write(&self, out: &Path) -> String {
+        let md = self.markdown();
+        let _ = fs::write(out.join("report.md"), &md);
+        let _ = fs::write(out.join("runs.csv"), self.csv());
+        if let Err(e) = self.plots(out) {
+            eprintln!("[compare] plots not drawn: {e}");
+        }
+        md
+    }
+
+    fn markdown(&self) -> String {
+        let m = &self.machine;
+        let p = &self.plan;
+        let mut s = String::new();
+        let _ = writeln!(s, "# kafka-source compared with other Kafka consumers\n");
+        let _ = writeln!(
+            s,
+            "Run {} ({} mode, {:.1} min): {} cores ({}), {} RAM; load average {} before and {} after \
+             (1, 5, 15 min). One Apache Kafka 4.1.2 broker started by the test harness on loopback, \
+             with {}. Broker and consumer share the cores.\n",
+            m.date,
+            if p.quick { "quick" } else { "full" },
+            self.took.as_secs_f64() / 60.0,
+            m.cores,
+            m.cpu,
+            m.ram,
+            m.load_before,
+            m.load_after,
+            self.broker_properties.join(", ")
+        );
+        let _ = writeln!(
+            s,
+            "Command: `cargo run --release --manifest-path benches/compare/Cargo.toml --{}`\n",
+            if p.quick { " --quick" } else { "" }
+        );
+
+        // Throughput.
+        let _ = writeln!(s, "## Consume throughput\n");
+        let _ = writeln!(
+            s,
+            "Each client consumes the whole topic from offset 0 in its own process ({} records of \
+             100 B, {} of 1 KiB; keys are the record numbers in decimal). Median (min–max) over {} \
+             run(s) after {} warm-up round(s); rounds go over all topics, and the clients' order \
+             rotates from round to round. records/s and MB/s run from creating the client to the \
+             last record (for the Java tool, its own `fetch.time.ms`, which leaves out its group \
+             join but includes its first fetch). \"first record\" is the time from creating the \
+             client to the first record; \"after the first\" divides all records by the time from \
+             the first record to the last, which leaves out start-up but flatters a client that \
+             fetches much before handing out its first record (rskafka asks for up to 50 MiB per \
+             partition). MB/s are of key + value bytes. CPU is user + system time of the \
+             client's process (all threads, start-up included) per million records; peak RSS is \
+             its `VmHWM`. Columns after the ratio are medians. Each client \
+             runs with its defaults and commits nothing.\n",
+            grouped(p.records_small as f64),
+            grouped(p.records_large as f64),
+            p.reps,
+            p.warmups,
+        );
+        let _ = writeln!(
+            s,
+            "| topic | client | records/s | MB/s | kafka-source ÷ client | first record ms | records/s after the first | CPU s / M records | peak RSS MiB |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+        for (ci, case) in self.cases.iter().enumerate() {
+            let ours = self.rate(ci, Client::Ours);
+            for client in Client::ALL {
+                let runs = self.runs(ci, client);
+                let failed = self.failed(ci, client);
+                let failed_note = if failed > 0 {
+                    format!(" ({failed} failed)")
+                } else {
+                    String::new()
+                };
+                let Some(rate) = spread(runs.iter().map(|r| r.records_per_s)) else {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | failed{failed_note} | | | | | | |",
+                        case.label(),
+                        client.label()
+                    );
+                    continue;
+                };
+                let median = |f: &dyn Fn(&Measured) -> f64| {
+                    spread(runs.iter().map(f)).map_or(f64::NAN, |x| x.median)
+                };
+                let first = spread(runs.iter().filter_map(|r| r.first_ms))
+                    .map_or("n/a".to_string(), |x| format!("{:.0}", x.median));
+                let ratio = match (client, ours) {
+                    (Client::Ours, _) => "1".to_string(),
+                    (_, Some(o)) => format!("{:.2}", o.median / rate.median),
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {}{failed_note} | {:.1} | {ratio} | {first} | {} | {:.2} | {:.0} |",
+                    case.label(),
+                    client.label(),
+                    with_range(rate, grouped),
+                    median(&|r| r.mb_per_s),
+                    spread(runs.iter().filter_map(|r| r.after_first_per_s))
+                        .map_or("n/a".to_string(), |x| grouped(x.median)),
+                    median(&|r| r.cpu_per_million),
+                    median(&|r| r.peak_rss as f64 / MIB),
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\nThe raw-fetch ceiling reads only batch headers: on lz4 topics it decompresses \
+             nothing, so there it bounds the transfer, not the decoding. Its MB/s are computed \
+             from the same key + value bytes as the others'."
+        );
+
+        // Commit latency.
+        let _ = writeln!(s, "\n## Commit latency with a parked fetch\n");
+        let _ = writeln!(
+            s,
+            "From checkpoint completion to the broker's acknowledgement of the commit, while the \
+             only partition's fetch waits on the broker (empty topic, `fetch.max.wait.ms` = 5 s); \
+             one commit every 20 ms or so, {} per run after {} warm-up commits, {} run(s) per \
+             client after {} warm-up round(s), interleaved. kafka-source: \
+             `notify_checkpoint_complete` to the `commit_outcomes()` entry. Java: the offsets are \
+             put in an atomic reference and `wakeup()` is called; the consumer thread, thrown out \
+             of `poll(100 ms)`, calls `commitAsync`, and the time is taken when its callback runs \
+             (the pattern of Flink's legacy `KafkaConsumerThread`). Median (min–max) over runs of \
+             each run's percentile.\n",
+            p.commits, p.commit_warmup, p.reps, p.warmups
+        );
+        let _ = writeln!(
+            s,
+            "| client | p50 ms | p99 ms | max ms | peak RSS MiB | fetch still parked at ack |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for client in [Client::Ours, Client::Java] {
+            let runs = self.latency_of(client);
+            let (Some(p50), Some(p99), Some(max), Some(rss)) = (
+                spread(runs.iter().map(|r| r.p50_ms)),
+                spread(runs.iter().map(|r| r.p99_ms)),
+                spread(runs.iter().map(|r| r.max_ms)),
+                spread(runs.iter().map(|r| r.peak_rss as f64 / MIB)),
+            ) else {
+                let _ = writeln!(s, "| {} | failed | | | | |", latency_label(client));
+                continue;
+            };
+            let parked: Vec<i64> = runs.iter().filter_map(|r| r.parked_at_ack).collect();
+            let parked = if parked.is_empty() || parked.iter().any(|&x| x < 0) {
+                "not observable".to_string()
+            } else {
+                let commits: usize = runs.iter().map(|r| r.commits).sum();
+                format!("{} of {commits}", parked.iter().sum::<i64>())
+            };
+            let ms = |x: f64| format!("{x:.2}");
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {parked} |",
+                latency_label(client),
+                with_range(p50, ms),
+                with_range(p99, ms),
+                with_range(max, ms),
+                with_range(rss, |x| format!("{x:.0}")),
+            );
+        }
+
+        // Slow application.
+        let _ = writeln!(s, "\n## kafka-source's memory with a slow application\n");
+        let slow: Vec<&SlowRun> = self.slow.iter().flatten().collect();
+        let _ = writeln!(
+            s,
+            "kafka-source reads the {} topic with `buffer.max.bytes` = {} MiB while the \
+             application sleeps {} µs per record, so fetched data piles up to the budget; \
+             {} run(s) of {:.0} s.\n",
+            self.slow_case_label,
+            self.slow_budget as f64 / MIB,
+            self.slow_micros_per_record,
+            self.plan.slow_runs,
+            self.plan.slow_seconds
+        );
+        let rss = spread(slow.iter().map(|r| r.peak_rss as f64 / MIB));
+        let rate = spread(slow.iter().map(|r| r.records_per_s));
+        let _ = writeln!(
+            s,
+            "| budget MiB | peak RSS MiB | target (budget + 32 MiB) | records/s consumed |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|");
+        match (rss, rate) {
+            (Some(rss), Some(rate)) => {
+                let _ = writeln!(
+                    s,
+                    "| {:.0} | {} | {:.0} | {} |",
+                    self.slow_budget as f64 / MIB,
+                    with_range(rss, |x| format!("{x:.1}")),
+                    self.slow_budget as f64 / MIB + 32.0,
+                    with_range(rate, grouped)
+                );
+            }
+            _ => {
+                let _ = writeln!(s, "| {} | failed | | |", self.slow_budget as f64 / MIB);
+            }
+        }
+
+        let _ = writeln!(s, "\n## Targets (reported, not asserted)\n");
+        s.push_str(&self.targets());
+        let _ = writeln!(
+            s,
+            "\nPlots: `target/compare/throughput.png`, `cpu.png`, `rss.png`, `latency.png`; every \
+             run: `target/compare/runs.csv`."
+        );
+        s
+    }
+
+    fn targets(&self) -> String {
+        let mut s = String::new();
+        for (ci, case) in self.cases.iter().enumerate() {
+            if case.value_size != 100 || case.compression != protocol_tests::Compression::None {
+                continue;
+            }
+            let ours = self.rate(ci, Client::Ours);
+            for (peer, want, what) in [
+                (Client::RdkafkaBase, 1.25, "≥ 1.25× rdkafka BaseConsumer"),
+                (Client::Raw, 0.90, "≥ 90 % of the raw-fetch ceiling"),
+            ] {
+                let line = match (ours, self.rate(ci, peer)) {
+                    (Some(o), Some(p)) => {
+                        let ratio = o.median / p.median;
+                        if ratio >= want {
+                            format!("{ratio:.2}×: met")
+                        } else {
+                            format!(
+                                "{ratio:.2}×: missed by {:.0} % (needs {} records/s more)",
+                                (want - ratio) / want * 100.0,
+                                grouped(want * p.median - o.median)
+                            )
+                        }
+                    }
+                    _ => "not measured (a run failed)".to_string(),
+                };
+                let _ = writeln!(s, "- throughput, {}: {what}: {line}", case.label());
+            }
+        }
+        let ours = spread(self.latency_of(Client::Ours).iter().map(|r| r.p99_ms));
+        let java = spread(self.latency_of(Client::Java).iter().map(|r| r.p99_ms));
+        match ours {
+            Some(o) if o.median <= 2.0 => {
+                let _ = writeln!(s, "- commit latency p99 ≤ 2 ms: {:.2} ms: met", o.median);
+            }
+            Some(o) => {
+                let _ = writeln!(
+                    s,
+                    "- commit latency p99 ≤ 2 ms: {:.2} ms: missed by {:.2} ms",
+                    o.median,
+                    o.median - 2.0
+                );
+            }
+            None => {
+                let _ = writeln!(s, "- commit latency p99 ≤ 2 ms: not measured");
+            }
+        }
+        if let (Some(o), Some(j)) = (ours, java) {
+            let verdict = if o.median < j.median {
+                "met".to_string()
+            } else {
+                format!("missed by {:.2} ms", o.median - j.median)
+            };
+            let _ = writeln!(
+                s,
+                "- commit latency p99 below the Java wakeup pattern's: {:.2} ms vs {:.2} ms: {verdict}",
+                o.median, j.median
+            );
+        }
+        let limit = self.slow_budget as f64 / MIB + 32.0;
+        match spread(self.slow.iter().flatten().map(|r| r.peak_rss as f64 / MIB)) {
+            Some(r) if r.max <= limit => {
+                let _ = writeln!(
+                    s,
+                    "- peak RSS with a slow application ≤ budget + 32 MiB ({limit:.0} MiB): {:.1} MiB at most: met",
+                    r.max
+                );
+            }
+            Some(r) => {
+                let _ = writeln!(
+                    s,
+                    "- peak RSS with a slow application ≤ budget + 32 MiB ({limit:.0} MiB): {:.1} MiB at most: missed by {:.1} MiB",
+                    r.max,
+                    r.max - limit
+                );
+            }
+            None => {
+                let _ = writeln!(s, "- peak RSS with a slow application: not measured");
+            }
+        }
+        s
+    }
+
+    fn csv(&self) -> String {
+        let mut s = String::from(
+            "kind,topic,client,records_per_s,mb_per_s,cpu_s,cpu_s_per_million,peak_rss_bytes,p50_ms,p99_ms,max_ms\n",
+        );
+        for r in &self.throughput {
+            let case = &self.cases[r.case];
+            match &r.run {
+                Some(m) => {
+                    let _ = writeln!(
+                        s,
+                        "throughput,{},{},{:.0},{:.2},{:.3},{:.3},{},,,",
+                        case.label().replace(',', ""),
+                        r.client.label(),
+                        m.records_per_s,
+                        m.mb_per_s,
+                        m.cpu_secs,
+                        m.cpu_per_million,
+                        m.peak_rss
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "throughput,{},{},failed,,,,,,,",
+                        case.label().replace(',', ""),
+                        r.client.label()
+                    );
+                }
+            }
+        }
+        for (client, r) in &self.latency {
+            match r {
+                Some(r) => {
+                    let _ = writeln!(
+                        s,
+                        "commit_latency,,{},,,,,{},{:.3},{:.3},{:.3}",
+                        latency_label(*client),
+                        r.peak_rss,
+                        r.p50_ms,
+                        r.p99_ms,
+                        r.max_ms
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "commit_latency,,{},failed,,,,,,,",
+                        latency_label(*client)
+                    );
+                }
+            }
+        }
+        for r in self.slow.iter().flatten() {
+            let _ = writeln!(
+                s,
+                "slow_application,{},kafka-source,{:.0},,,,{},,,",
+                self.slow_case_label.replace(',', ""),
+                r.records_per_s,
+                r.peak_rss
+            );
+        }
+        s
+    }
+
+    fn plots(&self, out: &Path) -> Result<(), String> {
+        register_font()?;
+        let groups: Vec<String> = self.cases.iter().map(Case::label).collect();
+        let per_client = |f: &dyn Fn(&Measured) -> f64| -> Vec<(String, Vec<Option<Spread>>)> {
+            Client::ALL
+                .iter()
+                .map(|&c| {
+                    let values = (0..self.cases.len())
+                        .map(|ci| spread(self.runs(ci, c).iter().map(f)))
+                        .collect();
+                    (c.label().to_string(), values)
+                })
+                .collect()
+        };
+        grouped_bars(
+            &out.join("throughput.png"),
+            "Consume throughput (median, bars min–max)",
+            "records/s",
+            &groups,
+            &per_client(&|m| m.records_per_s),
+        )?;
+        grouped_bars(
+            &out.join("cpu.png"),
+            "CPU seconds per million records (client process)",
+            "CPU s / M records",
+            &groups,
+            &per_client(&|m| m.cpu_per_million),
+        )?;
+        grouped_bars(
+            &out.join("rss.png"),
+            "Peak RSS of the client process",
+            "MiB",
+            &groups,
+            &per_client(&|m| m.peak_rss as f64 / MIB),
+        )?;
+        let latency_groups = vec!["p50".to_string(), "p99".to_string(), "max".to_string()];
+        let latency_series: Vec<(String, Vec<Option<Spread>>)> = [Client::Ours, Client::Java]
+            .iter()
+            .map(|&c| {
+                let runs = self.latency_of(c);
+                (
+                    latency_label(c).to_string(),
+                    vec![
+                        spread(runs.iter().map(|r| r.p50_ms)),
+                        spread(runs.iter().map(|r| r.p99_ms)),
+                        spread(runs.iter().map(|r| r.max_ms)),
+                    ],
+                )
+            })
+            .collect();
+        grouped_bars(
+            &out.join("latency.png"),
+            "Checkpoint completion to commit acknowledgement, fetch parked",
+            "ms",
+            &latency_groups,
+            &latency_series,
+        )
+    }
+}
+
+/// plotters draws text with a font it is given: DejaVu Sans from the system's font folder.
+fn register_font() -> Result<(), String> {
+    const CANDIDATES: &[&str] = &[
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    ];
+    let bytes = CANDIDATES
+        .iter()
+        .find_map(|p| fs::read(p).ok())
+        .ok_or("no DejaVuSans.ttf found")?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into()))
+        .map_err(|_| "DejaVuSans.ttf is not a usable font".to_string())
+}
+
+/// A bar chart: one group of bars per `groups` entry, one bar per series (median, with a
+/// min–max whisker).
+fn grouped_bars(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    groups: &[String],
+    series: &[(String, Vec<Option<Spread>>)],
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let y_max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().map(|s| s.max))
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.25;
+    let root = BitMapBackend::new(path, (1400, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(90)
+        .build_cartesian_2d(0f64..groups.len() as f64, 0f64..y_max)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc(y_label)
+        .y_label_formatter(&|y| {
+            if *y >= 1e4 {
+                grouped(*y)
+            } else {
+                format!("{y:.1}")
+            }
+        })
+        .draw()
+        .map_err(|e| err(&e))?;
+    let n = series.len().max(1) as f64;
+    let width = 0.8 / n;
+    for (si, (name, values)) in series.iter().enumerate() {
+        let color = Palette99::pick(si).to_rgba();
+        let x0 = |gi: usize| gi as f64 + 0.1 + si as f64 * width;
+        chart
+            .draw_series(values.iter().enumerate().filter_map(|(gi, v)| {
+                v.map(|s| {
+                    Rectangle::new(
+                        [(x0(gi), 0.0), (x0(gi) + width * 0.9, s.median)],
+                        color.filled(),
+                    )
+                })
+            }))
+            .map_err(|e| err(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        chart
+            .draw_series(values.iter().enumerate().filter_map(|(gi, v)| {
+                let xc = x0(gi) + width * 0.45;
+                v.map(|s| PathElement::new(vec![(xc, s.min), (xc, s.max)], BLACK.stroke_width(2)))
+            }))
+            .map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 16))
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (gi, g) in groups.iter().enumerate() {
+        let (px, py) = chart.backend_coord(&(gi as f64 + 0.1, 0.0));
+        root.draw(&Text::new(g.clone(), (px, py + 10), ("sans-serif", 16)))
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))
+}
