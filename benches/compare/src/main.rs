@@ -1,6 +1,10 @@
 //! Side-by-side comparison of kafka-source with other Kafka consumers on one local broker.
 //!
-//! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N]`
+//! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N] [--warmups N]`
+//!
+//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, one warm-up round and
+//! five measured rounds. `--quick`: 200,000 and 40,000 records, one round, no warm-up.
+//! `--reps` and `--warmups` change the number of measured and warm-up rounds.
 //!
 //! The driver starts one Apache Kafka 4.1.2 broker with the test harness (`protocol-tests`),
 //! fills one topic per (value size, partitions, codec) with the harness's Java producer, and
@@ -135,7 +139,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn new(quick: bool, reps: Option<usize>) -> Plan {
+    fn new(quick: bool, reps: Option<usize>, warmups: Option<usize>) -> Plan {
         let mut plan = if quick {
             Plan {
                 quick,
@@ -164,6 +168,9 @@ impl Plan {
         if let Some(r) = reps {
             plan.reps = r.max(1);
         }
+        if let Some(w) = warmups {
+            plan.warmups = w;
+        }
         plan
     }
 }
@@ -175,6 +182,7 @@ fn main() {
     }
     let mut quick = false;
     let mut reps = None;
+    let mut warmups = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -186,11 +194,18 @@ fn main() {
                         .unwrap_or_else(|| usage("--reps takes a number")),
                 );
             }
+            "--warmups" => {
+                warmups = Some(
+                    it.next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| usage("--warmups takes a number")),
+                );
+            }
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
-    let plan = Plan::new(quick, reps);
+    let plan = Plan::new(quick, reps, warmups);
     let started = Instant::now();
     let out = target_dir().join("compare");
     fs::create_dir_all(&out).unwrap_or_else(|e| panic!("cannot create {}: {e}", out.display()));
@@ -332,7 +347,7 @@ fn usage(why: &str) -> ! {
         eprintln!("{why}");
     }
     eprintln!(
-        "usage: cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N]"
+        "usage: cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N] [--warmups N]"
     );
     std::process::exit(2)
 }

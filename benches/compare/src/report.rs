@@ -228,8 +228,10 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "Command: `cargo run --release --manifest-path benches/compare/Cargo.toml --{}`\n",
-            if p.quick { " --quick" } else { "" }
+            "Command: `cargo run --release --manifest-path benches/compare/Cargo.toml --{} --reps {} --warmups {}`\n",
+            if p.quick { " --quick" } else { "" },
+            p.reps,
+            p.warmups
         );
 
         // Throughput.
