@@ -410,6 +410,12 @@ fn make_cases(cluster: &Cluster, plan: &Plan, nanos: u128) -> Vec<Case> {
     cases
 }
 
+/// A number no earlier call returned.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 fn self_command() -> Command {
     Command::new(std::env::current_exe().expect("the path of this program"))
 }
@@ -457,8 +463,10 @@ fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> O
             &case.topic,
             "--messages",
             &case.records.to_string(),
+            // A group of its own: a new member of a group whose last member has not left yet
+            // would wait up to the session timeout to join.
             "--group",
-            &format!("cmp-perf-{}", std::process::id()),
+            &format!("cmp-perf-{}-{}", std::process::id(), next_id()),
             "--timeout",
             "60000",
         ]);
