@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
@@ -34,7 +34,9 @@ use kafka_protocol::protocol::StrBytes;
 use crate::assignor::{Assignor, GroupMember, RebalanceProtocol, Subscription};
 use crate::error::Error;
 use crate::proto::group::consumer_protocol;
-use crate::proto::group::{GroupAction, GroupConfig, GroupEvent, Identity};
+use crate::proto::group::{
+    CoordinatorLookup, GroupAction, GroupConfig, GroupEvent, Identity, ms_i32 as ms,
+};
 use crate::types::TopicPartition;
 
 /// The protocol type of consumer groups.
@@ -75,11 +77,7 @@ pub(crate) struct ClassicMember {
     cfg: GroupConfig,
     group: GroupId,
     state: State,
-    coordinator: Option<i32>,
-    /// A FindCoordinator request out, if any.
-    finding: Option<u64>,
-    /// When the coordinator may be looked up again.
-    find_not_before: Option<Instant>,
+    coordinator: CoordinatorLookup,
     member_id: String,
     generation: i32,
     protocol: Option<String>,
@@ -109,9 +107,7 @@ impl ClassicMember {
             group: GroupId(StrBytes::from_string(cfg.group_id.clone())),
             cfg,
             state: State::Unjoined,
-            coordinator: None,
-            finding: None,
-            find_not_before: None,
+            coordinator: CoordinatorLookup::default(),
             member_id: String::new(),
             generation: -1,
             protocol: None,
@@ -159,7 +155,7 @@ impl ClassicMember {
 
     /// The group coordinator, when known.
     pub(crate) fn coordinator(&self) -> Option<i32> {
-        self.coordinator
+        self.coordinator.node()
     }
 
     /// Events for the application, oldest first.
@@ -250,7 +246,7 @@ impl ClassicMember {
         if self.cfg.instance_id.is_some() || self.member_id.is_empty() {
             return None;
         }
-        let node = self.coordinator?;
+        let node = self.coordinator.node()?;
         Some(GroupAction::Leave {
             node,
             request: LeaveGroupRequest::default()
@@ -351,13 +347,12 @@ impl ClassicMember {
             return None;
         }
         // The coordinator is looked up on its own, whatever the membership is doing.
-        let Some(node) = self.coordinator else {
-            if self.finding.is_none() && self.find_not_before.is_none_or(|t| now >= t) {
-                let seq = self.next_seq();
-                self.finding = Some(seq);
-                return Some(GroupAction::FindCoordinator { seq });
-            }
-            return None;
+        let Some(node) = self.coordinator.node() else {
+            let seq = &mut self.seq;
+            return self.coordinator.poll(now, || {
+                *seq += 1;
+                *seq
+            });
         };
         match self.state.clone() {
             State::Unjoined => {
@@ -398,12 +393,8 @@ impl ClassicMember {
 
     /// When the machine next needs attention without a response.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        if self.coordinator.is_none() {
-            return if self.finding.is_none() {
-                self.find_not_before
-            } else {
-                None
-            };
+        if self.coordinator.node().is_none() {
+            return self.coordinator.next_timeout();
         }
         match self.state {
             State::JoinBackoff { not_before } => Some(not_before),
@@ -490,30 +481,17 @@ impl ClassicMember {
         now: Instant,
         result: Result<i32, Error>,
     ) {
-        if self.finding != Some(seq) {
-            return;
-        }
-        self.finding = None;
-        match result {
-            Ok(node) => {
-                self.coordinator = Some(node);
-                self.find_not_before = None;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "FindCoordinator for the group failed");
-                if let Some(f) = fatal_code(&e) {
-                    self.fail(f, "FindCoordinator", &e);
-                    return;
-                }
-                self.find_not_before = Some(now + self.cfg.retry_backoff);
-            }
+        let backoff = self.cfg.retry_backoff;
+        if let Err(e) = self.coordinator.handle(seq, now, backoff, result)
+            && let Some(code) = fatal_code(&e)
+        {
+            self.fail(code, "FindCoordinator", &e);
         }
     }
 
     /// The coordinator moved or failed: find it again. A request in flight to it is void.
     fn coordinator_lost(&mut self, now: Instant) {
-        self.coordinator = None;
-        self.find_not_before = Some(now + self.cfg.retry_backoff);
+        self.coordinator.lost(now + self.cfg.retry_backoff);
         self.heartbeat_in_flight = None;
         if self.state == State::Stable || self.state == State::Revoking {
             self.next_heartbeat = Some(now);
@@ -625,7 +603,7 @@ impl ClassicMember {
         if !is_leader {
             let seq = self.next_seq();
             self.state = State::Syncing { seq };
-            let node = self.coordinator?;
+            let node = self.coordinator.node()?;
             return Some(GroupAction::Sync {
                 seq,
                 node,
@@ -736,7 +714,7 @@ impl ClassicMember {
         }
         let seq = self.next_seq();
         self.state = State::Syncing { seq };
-        let node = self.coordinator?;
+        let node = self.coordinator.node()?;
         Some(GroupAction::Sync {
             seq,
             node,
@@ -1004,12 +982,10 @@ fn fatal_code(e: &Error) -> Option<ResponseError> {
     }
 }
 
-fn ms(d: Duration) -> i32 {
-    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::assignor::MemberAssignment;
     use crate::config::AssignmentStrategy;

@@ -25,7 +25,9 @@ use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
 use crate::error::Error;
-use crate::proto::group::{GroupAction, GroupConfig, GroupEvent, Identity};
+use crate::proto::group::{
+    CoordinatorLookup, GroupAction, GroupConfig, GroupEvent, Identity, ms_i32 as ms,
+};
 use crate::types::TopicPartition;
 
 /// The epoch a member leaves with.
@@ -50,9 +52,7 @@ pub(crate) struct ConsumerMember {
     cfg: GroupConfig,
     group: GroupId,
     state: State,
-    coordinator: Option<i32>,
-    finding: Option<u64>,
-    find_not_before: Option<Instant>,
+    coordinator: CoordinatorLookup,
     /// Generated once, kept for the life of the consumer (KIP-1082).
     member_id: String,
     epoch: i32,
@@ -83,9 +83,7 @@ impl ConsumerMember {
             interval: cfg.heartbeat_interval,
             cfg,
             state: State::Unjoined,
-            coordinator: None,
-            finding: None,
-            find_not_before: None,
+            coordinator: CoordinatorLookup::default(),
             member_id: Uuid::new_v4().to_string(),
             epoch: 0,
             topics: BTreeSet::new(),
@@ -121,7 +119,7 @@ impl ConsumerMember {
     }
 
     pub(crate) fn coordinator(&self) -> Option<i32> {
-        self.coordinator
+        self.coordinator.node()
     }
 
     pub(crate) fn is_fatal(&self) -> bool {
@@ -189,13 +187,12 @@ impl ConsumerMember {
         if !self.subscribed() || matches!(self.state, State::Left | State::Fatal) {
             return None;
         }
-        let Some(node) = self.coordinator else {
-            if self.finding.is_none() && self.find_not_before.is_none_or(|t| now >= t) {
-                let seq = self.next_seq();
-                self.finding = Some(seq);
-                return Some(GroupAction::FindCoordinator { seq });
-            }
-            return None;
+        let Some(node) = self.coordinator.node() else {
+            let seq = &mut self.seq;
+            return self.coordinator.poll(now, || {
+                *seq += 1;
+                *seq
+            });
         };
         if self.in_flight.is_some() {
             return None;
@@ -220,12 +217,8 @@ impl ConsumerMember {
     }
 
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        if self.coordinator.is_none() {
-            return if self.finding.is_none() {
-                self.find_not_before
-            } else {
-                None
-            };
+        if self.coordinator.node().is_none() {
+            return self.coordinator.next_timeout();
         }
         if self.in_flight.is_some() {
             return None;
@@ -283,26 +276,15 @@ impl ConsumerMember {
         now: Instant,
         result: Result<i32, Error>,
     ) {
-        if self.finding != Some(seq) {
-            return;
-        }
-        self.finding = None;
-        match result {
-            Ok(node) => {
-                self.coordinator = Some(node);
-                self.find_not_before = None;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "FindCoordinator for the group failed");
-                self.find_not_before = Some(now + self.cfg.retry_backoff);
-            }
-        }
+        // A failed lookup is retried after the backoff; nothing else depends on it.
+        let _ = self
+            .coordinator
+            .handle(seq, now, self.cfg.retry_backoff, result);
     }
 
     fn coordinator_lost(&mut self, now: Instant) {
-        self.coordinator = None;
+        self.coordinator.lost(now);
         self.in_flight = None;
-        self.find_not_before = Some(now);
         self.next_heartbeat = Some(now);
     }
 
@@ -544,7 +526,7 @@ impl ConsumerMember {
         if self.state != State::Member || self.epoch <= 0 {
             return None;
         }
-        let node = self.coordinator?;
+        let node = self.coordinator.node()?;
         let epoch = if self.cfg.instance_id.is_some() {
             STATIC_LEAVE_EPOCH
         } else {
@@ -555,10 +537,6 @@ impl ConsumerMember {
             request: self.heartbeat_request(epoch),
         })
     }
-}
-
-fn ms(d: Duration) -> i32 {
-    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]

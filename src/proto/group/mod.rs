@@ -3,7 +3,7 @@
 //! exchange.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::{
     ConsumerGroupHeartbeatRequest, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest,
@@ -11,6 +11,7 @@ use kafka_protocol::messages::{
 };
 
 use crate::assignor::Assignor;
+use crate::error::Error;
 use crate::types::TopicPartition;
 
 pub(crate) mod classic;
@@ -213,4 +214,79 @@ impl Membership {
             Self::Consumer(m) => m.close(),
         }
     }
+}
+
+/// Finding the group coordinator, the same for both protocols: one FindCoordinator out at a
+/// time, a backoff after a failure, and a failure never cached.
+#[derive(Debug, Default)]
+pub(crate) struct CoordinatorLookup {
+    node: Option<i32>,
+    /// The FindCoordinator out, if any.
+    finding: Option<u64>,
+    /// When the coordinator may be looked up again.
+    not_before: Option<Instant>,
+}
+
+impl CoordinatorLookup {
+    /// The coordinator, when known.
+    pub(crate) fn node(&self) -> Option<i32> {
+        self.node
+    }
+
+    /// While the coordinator is unknown: the lookup to send now (`seq` names it), if one is due.
+    pub(crate) fn poll(&mut self, now: Instant, seq: impl FnOnce() -> u64) -> Option<GroupAction> {
+        if self.node.is_some() || self.finding.is_some() || self.not_before.is_some_and(|t| now < t)
+        {
+            return None;
+        }
+        let seq = seq();
+        self.finding = Some(seq);
+        Some(GroupAction::FindCoordinator { seq })
+    }
+
+    /// When a lookup is next due, while the coordinator is unknown and none is out.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        if self.node.is_some() || self.finding.is_some() {
+            return None;
+        }
+        self.not_before
+    }
+
+    /// Applies a lookup's answer. A failure of the lookup out is returned (the next one waits
+    /// `backoff`); answers to older lookups are ignored.
+    pub(crate) fn handle(
+        &mut self,
+        seq: u64,
+        now: Instant,
+        backoff: Duration,
+        result: Result<i32, Error>,
+    ) -> Result<(), Error> {
+        if self.finding != Some(seq) {
+            return Ok(());
+        }
+        self.finding = None;
+        match result {
+            Ok(node) => {
+                self.node = Some(node);
+                self.not_before = None;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "FindCoordinator for the group failed");
+                self.not_before = Some(now + backoff);
+                Err(e)
+            }
+        }
+    }
+
+    /// The coordinator moved or failed: look it up again from `not_before` on.
+    pub(crate) fn lost(&mut self, not_before: Instant) {
+        self.node = None;
+        self.not_before = Some(not_before);
+    }
+}
+
+/// A duration as the protocol's `i32` milliseconds, saturating.
+pub(crate) fn ms_i32(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }
