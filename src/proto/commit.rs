@@ -291,50 +291,28 @@ impl Committer {
                 return Ok(None);
             }
         };
-        // v4+ answers in `coordinators`, v3 in the top-level fields.
-        let (code, message, node, host, port) = match resp.coordinators.first() {
-            Some(c) => (
-                c.error_code,
-                c.error_message.clone(),
-                c.node_id.0,
-                c.host.clone(),
-                c.port,
-            ),
-            None => (
-                resp.error_code,
-                resp.error_message.clone(),
-                resp.node_id.0,
-                resp.host.clone(),
-                resp.port,
-            ),
-        };
-        if let Some(code) = code.err() {
-            if code.is_retriable() {
-                // COORDINATOR_NOT_AVAILABLE while __consumer_offsets is created, and friends.
+        let (node, addr) = match coordinator_of(&resp, self.group.0.as_str()) {
+            Ok(found) => found,
+            // COORDINATOR_NOT_AVAILABLE while __consumer_offsets is created, and friends.
+            Err(e) if e.is_retriable() => {
                 cur.phase = backoff;
                 return Ok(None);
             }
-            let Some(cur) = self.current.take() else {
-                return Ok(None);
-            };
-            return Err(Box::new(Finished {
-                request: cur.request,
-                outcome: Outcome::Failed(Error::broker(
-                    code,
-                    format!("FindCoordinator for group {}", self.group.0.as_str()),
-                    message.map(|m| m.to_string()),
-                )),
-                stored: Vec::new(),
-                refused: None,
-            }));
-        }
-        if node < 0 || port <= 0 {
-            cur.phase = backoff;
-            return Ok(None);
-        }
+            Err(e) => {
+                let Some(cur) = self.current.take() else {
+                    return Ok(None);
+                };
+                return Err(Box::new(Finished {
+                    request: cur.request,
+                    outcome: Outcome::Failed(e),
+                    stored: Vec::new(),
+                    refused: None,
+                }));
+            }
+        };
         self.coordinator = Some(node);
         cur.phase = Phase::Ready { not_before: now };
-        Ok(Some((node, format!("{}:{port}", host.as_str()))))
+        Ok(Some((node, addr)))
     }
 
     /// Applies an OffsetCommit outcome.
@@ -519,6 +497,46 @@ pub(crate) fn commit_request(
             .with_generation_id_or_member_epoch(-1)
             .with_member_id(StrBytes::from_static_str("")),
     }
+}
+
+/// The coordinator a FindCoordinator response names, as `(node, "host:port")` (v4+ answers in
+/// `coordinators`, v3 in the top-level fields). An error code, or an answer without a usable
+/// node, is an [`Error::Broker`] (the latter as retriable `COORDINATOR_NOT_AVAILABLE`).
+pub(crate) fn coordinator_of(
+    resp: &FindCoordinatorResponse,
+    group: &str,
+) -> Result<(i32, String), Error> {
+    let (code, message, node, host, port) = match resp.coordinators.first() {
+        Some(c) => (
+            c.error_code,
+            c.error_message.as_ref(),
+            c.node_id.0,
+            &c.host,
+            c.port,
+        ),
+        None => (
+            resp.error_code,
+            resp.error_message.as_ref(),
+            resp.node_id.0,
+            &resp.host,
+            resp.port,
+        ),
+    };
+    if let Some(code) = code.err() {
+        return Err(Error::broker(
+            code,
+            format!("FindCoordinator for group {group}"),
+            message.map(|m| m.to_string()),
+        ));
+    }
+    if node < 0 || port <= 0 {
+        return Err(Error::broker(
+            ResponseError::CoordinatorNotAvailable,
+            format!("FindCoordinator for group {group}"),
+            Some(format!("answer names node {node} at port {port}")),
+        ));
+    }
+    Ok((node, format!("{}:{port}", host.as_str())))
 }
 
 /// The FindCoordinator request for a group, at `version` (v3: `key`, v4+: `coordinator_keys`).

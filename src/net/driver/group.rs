@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
-use kafka_protocol::messages::FindCoordinatorResponse;
 use tokio::time::Instant;
 
 use super::{Completion, Delivery, Driver};
@@ -519,40 +518,5 @@ pub(super) async fn find_coordinator(pool: &Pool, group: &str) -> Result<(i32, S
             Duration::ZERO,
         )
         .await?;
-    coordinator_of(&resp, group)
-}
-
-/// The coordinator a FindCoordinator response names (v4+ in `coordinators`, v3 at the top).
-pub(super) fn coordinator_of(resp: &FindCoordinatorResponse, group: &str) -> Result<(i32, String)> {
-    let (code, message, node, host, port) = match resp.coordinators.first() {
-        Some(c) => (
-            c.error_code,
-            c.error_message.as_ref(),
-            c.node_id.0,
-            &c.host,
-            c.port,
-        ),
-        None => (
-            resp.error_code,
-            resp.error_message.as_ref(),
-            resp.node_id.0,
-            &resp.host,
-            resp.port,
-        ),
-    };
-    if let Some(code) = code.err() {
-        return Err(Error::broker(
-            code,
-            format!("FindCoordinator for group {group}"),
-            message.map(|m| m.to_string()),
-        ));
-    }
-    if node < 0 || port <= 0 {
-        return Err(Error::broker(
-            ResponseError::CoordinatorNotAvailable,
-            format!("FindCoordinator for group {group}"),
-            Some(format!("answer names node {node} at port {port}")),
-        ));
-    }
-    Ok((node, format!("{}:{port}", host.as_str())))
+    commit::coordinator_of(&resp, group)
 }
