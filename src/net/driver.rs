@@ -547,6 +547,8 @@ impl Driver {
             self.spawn_commit_action(action);
         }
         self.report_superseded();
+        // A commit that ended without a request may have drained a revocation's commits.
+        self.finish_revocation_if_drained(now);
         let buffered = self.shared.buffered.load(Ordering::Acquire);
         let budget = self
             .cfg

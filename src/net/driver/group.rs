@@ -106,33 +106,20 @@ impl Driver {
         }
     }
 
-    fn counts(&self, topics: impl IntoIterator<Item = String>) -> BTreeMap<String, i32> {
-        topics
-            .into_iter()
-            .filter_map(|t| self.meta.partition_count(&t).map(|n| (t, n)))
-            .collect()
-    }
-
     /// Runs what the membership machine wants, and hands its events on. Called every turn.
     pub(super) fn schedule_group(&mut self, now: Instant) {
         if self.group.is_none() || self.subscription.is_none() {
             return;
         }
         self.check_poll_interval(now);
-        // Commits carry the current identity, and only partitions owned now.
-        if let (Some(m), Some(c)) = (self.group.as_ref(), self.committer.as_mut()) {
+        // Commits carry the current identity, and only partitions owned now. Only a committer
+        // with work reads them, so they are copied only then, not on every turn.
+        if let (Some(m), Some(c)) = (self.group.as_ref(), self.committer.as_mut())
+            && !c.is_idle()
+        {
             c.set_member(m.identity(), Some(m.owned().clone()));
         }
-        // A revocation the consumer answered completes once its commits drained.
-        if self.events.flushing && self.committer.as_ref().is_none_or(|c| c.is_idle()) {
-            self.events.flushing = false;
-            self.events.busy = false;
-            let meta = &self.meta;
-            let names = |id: &uuid::Uuid| meta.name_by_id(id).map(|n| n.to_string());
-            if let Some(m) = self.group.as_mut() {
-                m.revocation_done(now.into_std(), &names);
-            }
-        }
+        self.finish_revocation_if_drained(now);
         let std_now = now.into_std();
         while let Some(action) = self.group.as_mut().and_then(|m| m.poll_action(std_now)) {
             self.spawn_group_action(action);
@@ -156,6 +143,21 @@ impl Driver {
             self.metadata_wanted = true;
         }
         self.next_group_event();
+    }
+
+    /// A revocation the consumer answered completes once its commits drained. Checked on every
+    /// turn that may have drained them (a commit's completion wakes the loop).
+    pub(super) fn finish_revocation_if_drained(&mut self, now: Instant) {
+        if !self.events.flushing || !self.committer.as_ref().is_none_or(|c| c.is_idle()) {
+            return;
+        }
+        self.events.flushing = false;
+        self.events.busy = false;
+        let meta = &self.meta;
+        let names = |id: &uuid::Uuid| meta.name_by_id(id).map(|n| n.to_string());
+        if let Some(m) = self.group.as_mut() {
+            m.revocation_done(now.into_std(), &names);
+        }
     }
 
     /// Hands the next event to the consumer once the previous one is answered.
@@ -302,11 +304,6 @@ impl Driver {
             let t = Instant::from_std(self.shared.epoch) + last + self.cfg.max_poll_interval;
             wake = Some(wake.map_or(t, |w| w.min(t)));
         }
-        if self.events.flushing {
-            // Commits drain by their own completions; poll now and then as well.
-            let t = Instant::now() + Duration::from_millis(50);
-            wake = Some(wake.map_or(t, |w| w.min(t)));
-        }
         wake
     }
 
@@ -433,15 +430,6 @@ impl Driver {
     /// Applies a group completion.
     pub(super) fn handle_group_completion(&mut self, done: Completion) {
         let now = Instant::now().into_std();
-        let counts_now = self
-            .group
-            .as_ref()
-            .and_then(|m| match m {
-                Membership::Classic(c) => Some(c.topics().clone()),
-                Membership::Consumer(_) => None,
-            })
-            .map(|t| self.counts(t))
-            .unwrap_or_default();
         let meta = &self.meta;
         let names = |id: &uuid::Uuid| meta.name_by_id(id).map(|n| n.to_string());
         let Some(m) = self.group.as_mut() else {
@@ -462,7 +450,12 @@ impl Driver {
                 c.handle_leader_metadata(seq, now, res)
             }
             (Membership::Classic(c), Completion::Sync(seq, res)) => {
-                c.handle_sync(seq, now, res, &counts_now);
+                let counts: BTreeMap<String, i32> = c
+                    .topics()
+                    .iter()
+                    .filter_map(|t| meta.partition_count(t).map(|n| (t.clone(), n)))
+                    .collect();
+                c.handle_sync(seq, now, res, &counts);
                 None
             }
             (Membership::Classic(c), Completion::Heartbeat(seq, res)) => {
