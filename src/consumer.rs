@@ -699,25 +699,13 @@ impl Consumer {
             self.listener.get_mut().on_partitions_lost(&tps);
         } else {
             let positions = self.handed_offsets();
-            let mut rev = Revocation {
-                partitions: &tps,
-                positions: &positions,
-                commit: None,
-            };
-            self.listener.get_mut().on_partitions_revoked(&mut rev);
-            let mut commit = rev.commit;
+            let mut commit = self.listener_revokes(&tps, &positions);
             if commit.is_none() && matches!(self.config.commit_mode(), CommitMode::Periodic(_)) {
                 commit = Some(positions);
             }
             // Pending checkpoints lose the revoked partitions (see the `rebalance` module).
             self.ckpt.pending.lock().forget(&tps);
-            if let Some(offsets) = commit.filter(|o| !o.is_empty()) {
-                self.ckpt.submit(CommitRequest {
-                    checkpoint_id: None,
-                    offsets: Arc::new(offsets),
-                    created: Instant::now(),
-                });
-            }
+            self.submit_offsets(commit.unwrap_or_default());
         }
         for tp in &tps {
             self.partitions.remove(tp);
@@ -726,6 +714,34 @@ impl Consumer {
         self.drop_parked(|c| gone.contains(&c.tp));
         self.drop_ready(|r| gone.contains(r.tp()));
         self.send(Command::Unassign(tps));
+    }
+
+    /// Runs the listener's revocation callback; returns the commit it asked for, if any.
+    fn listener_revokes(
+        &mut self,
+        partitions: &[TopicPartition],
+        positions: &Offsets,
+    ) -> Option<Offsets> {
+        let mut rev = Revocation {
+            partitions,
+            positions,
+            commit: None,
+        };
+        self.listener.get_mut().on_partitions_revoked(&mut rev);
+        rev.commit
+    }
+
+    /// Hands offsets to the network loop as a commit of no checkpoint (periodic, closing, or
+    /// asked for by a revocation). Nothing for an empty set.
+    fn submit_offsets(&self, offsets: Offsets) {
+        if offsets.is_empty() {
+            return;
+        }
+        self.ckpt.submit(CommitRequest {
+            checkpoint_id: None,
+            offsets: Arc::new(offsets),
+            created: Instant::now(),
+        });
     }
 
     /// The group assigned partitions: each starts at its restored offset, its committed
@@ -819,13 +835,7 @@ impl Consumer {
         self.last_periodic = Instant::now();
         let offsets = self.handed_offsets();
         self.periodic_sent = offsets.clone();
-        if !offsets.is_empty() {
-            self.ckpt.submit(CommitRequest {
-                checkpoint_id: None,
-                offsets: Arc::new(offsets),
-                created: Instant::now(),
-            });
-        }
+        self.submit_offsets(offsets);
     }
 
     /// In periodic mode, while `poll` waits: true once the interval has passed and positions
@@ -1119,19 +1129,8 @@ impl Consumer {
         if self.subscribed && !self.partitions.is_empty() {
             let all: Vec<TopicPartition> = self.partitions.keys().cloned().collect();
             let positions = self.handed_offsets();
-            let mut rev = Revocation {
-                partitions: &all,
-                positions: &positions,
-                commit: None,
-            };
-            self.listener.get_mut().on_partitions_revoked(&mut rev);
-            if let Some(offsets) = rev.commit.filter(|o| !o.is_empty()) {
-                self.ckpt.submit(CommitRequest {
-                    checkpoint_id: None,
-                    offsets: Arc::new(offsets),
-                    created: Instant::now(),
-                });
-            }
+            let commit = self.listener_revokes(&all, &positions);
+            self.submit_offsets(commit.unwrap_or_default());
         }
         self.closed = true;
         // Periodic mode commits what was handed out last, as the Java client's auto-commit does
@@ -1139,14 +1138,7 @@ impl Consumer {
         if matches!(self.config.commit_mode(), CommitMode::Periodic(_))
             && self.config.group_id().is_some()
         {
-            let offsets = self.handed_offsets();
-            if !offsets.is_empty() {
-                self.ckpt.submit(CommitRequest {
-                    checkpoint_id: None,
-                    offsets: Arc::new(offsets),
-                    created: Instant::now(),
-                });
-            }
+            self.submit_offsets(self.handed_offsets());
         }
         let (tx, rx) = oneshot::channel();
         self.send(Command::Close(tx));
