@@ -1095,6 +1095,15 @@ mod tests {
         assert_eq!(request.member_id.as_str(), "m-1");
     }
 
+    /// Sends the due heartbeat and applies an answer with `code`.
+    fn heartbeat_answered(m: &mut ClassicMember, t: Instant, code: ResponseError) {
+        let Some(GroupAction::Heartbeat { seq, .. }) = m.poll_action(t) else {
+            panic!("expected Heartbeat");
+        };
+        let answer = HeartbeatResponse::default().with_error_code(code.code());
+        m.handle_heartbeat(seq, t, Ok(answer));
+    }
+
     #[test]
     fn follower_joins_and_heartbeats() {
         let now = Instant::now();
@@ -1119,12 +1128,7 @@ mod tests {
         let now = Instant::now();
         let mut m = stable_follower(now);
         let t = now + Duration::from_secs(1);
-        let Some(GroupAction::Heartbeat { seq, .. }) = m.poll_action(t) else {
-            panic!("expected Heartbeat");
-        };
-        let busy =
-            HeartbeatResponse::default().with_error_code(ResponseError::RebalanceInProgress.code());
-        m.handle_heartbeat(seq, t, Ok(busy));
+        heartbeat_answered(&mut m, t, ResponseError::RebalanceInProgress);
         assert!(
             m.poll_action(t).is_none(),
             "no join before the revocation is answered"
@@ -1150,12 +1154,7 @@ mod tests {
         let now = Instant::now();
         let mut m = stable_follower(now);
         let t = now + Duration::from_secs(1);
-        let Some(GroupAction::Heartbeat { seq, .. }) = m.poll_action(t) else {
-            panic!("expected Heartbeat");
-        };
-        let fenced =
-            HeartbeatResponse::default().with_error_code(ResponseError::IllegalGeneration.code());
-        m.handle_heartbeat(seq, t, Ok(fenced));
+        heartbeat_answered(&mut m, t, ResponseError::IllegalGeneration);
         assert_eq!(m.take_events(), vec![GroupEvent::Lost(vec![tp(0), tp(1)])]);
         assert!(m.identity().is_none(), "no commits without a generation");
         assert!(matches!(m.poll_action(t), Some(GroupAction::Join { .. })));
@@ -1166,12 +1165,7 @@ mod tests {
         let now = Instant::now();
         let mut m = stable_follower(now);
         let t = now + Duration::from_secs(1);
-        let Some(GroupAction::Heartbeat { seq, .. }) = m.poll_action(t) else {
-            panic!("expected Heartbeat");
-        };
-        let fenced =
-            HeartbeatResponse::default().with_error_code(ResponseError::FencedInstanceId.code());
-        m.handle_heartbeat(seq, t, Ok(fenced));
+        heartbeat_answered(&mut m, t, ResponseError::FencedInstanceId);
         assert!(m.is_fatal());
         let msg = m.fatal().unwrap().to_string();
         assert!(msg.contains("group.instance.id"), "{msg}");
@@ -1185,12 +1179,7 @@ mod tests {
         let now = Instant::now();
         let mut m = stable_follower(now);
         let t = now + Duration::from_secs(1);
-        let Some(GroupAction::Heartbeat { seq, .. }) = m.poll_action(t) else {
-            panic!("expected Heartbeat");
-        };
-        let moved =
-            HeartbeatResponse::default().with_error_code(ResponseError::NotCoordinator.code());
-        m.handle_heartbeat(seq, t, Ok(moved));
+        heartbeat_answered(&mut m, t, ResponseError::NotCoordinator);
         let t2 = t + Duration::from_millis(100);
         let Some(GroupAction::FindCoordinator { seq }) = m.poll_action(t2) else {
             panic!("expected FindCoordinator");
