@@ -221,7 +221,26 @@ impl Member {
         log: &Arc<Mutex<GroupLog>>,
     ) -> Member {
         let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
-        Self::spawn(name, config, Subscribe::Topics(topics), log)
+        Self::spawn(
+            name,
+            config,
+            Subscribe::Topics(topics),
+            log,
+            Box::new(|_| {}),
+        )
+    }
+
+    /// Like [`start`](Self::start), with `setup` run on the consumer before it subscribes
+    /// (assignors, for one).
+    pub fn start_with(
+        name: &str,
+        config: ConsumerConfig,
+        topics: &[&str],
+        log: &Arc<Mutex<GroupLog>>,
+        setup: Box<dyn FnOnce(&mut Consumer) + Send>,
+    ) -> Member {
+        let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        Self::spawn(name, config, Subscribe::Topics(topics), log, setup)
     }
 
     /// Starts a member subscribed to every topic matching `pattern`.
@@ -231,7 +250,13 @@ impl Member {
         pattern: &str,
         log: &Arc<Mutex<GroupLog>>,
     ) -> Member {
-        Self::spawn(name, config, Subscribe::Pattern(pattern.to_owned()), log)
+        Self::spawn(
+            name,
+            config,
+            Subscribe::Pattern(pattern.to_owned()),
+            log,
+            Box::new(|_| {}),
+        )
     }
 
     fn spawn(
@@ -239,6 +264,7 @@ impl Member {
         config: ConsumerConfig,
         subscribe: Subscribe,
         log: &Arc<Mutex<GroupLog>>,
+        setup: Box<dyn FnOnce(&mut Consumer) + Send>,
     ) -> Member {
         let (stop, mut stop_rx) = watch::channel(false);
         let (stall, mut stall_rx) = mpsc::unbounded_channel::<Duration>();
@@ -250,6 +276,7 @@ impl Member {
                 name: name2.clone(),
                 log: Arc::clone(&log2),
             });
+            setup(&mut c);
             match subscribe {
                 Subscribe::Topics(t) => c.subscribe(t).expect("subscribe"),
                 Subscribe::Pattern(p) => c.subscribe_pattern(&p).expect("subscribe"),

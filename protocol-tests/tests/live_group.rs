@@ -371,3 +371,183 @@ async fn growth_and_new_topics_trigger_a_rebalance() {
     log.lock().assert_no_overlap(&BTreeSet::new());
     a.close().await;
 }
+
+/// An assignor this crate does not ship: our members offer it, the leader runs it, and the
+/// broker picks it as the group's protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_user_written_assignor_runs_on_the_leader() {
+    use kafka_source::TopicPartition;
+    use kafka_source::assignor::{Assignor, AssignorError, GroupMember, MemberAssignment};
+    use std::collections::BTreeMap;
+
+    /// Every partition to the member with the smallest id.
+    #[derive(Debug)]
+    struct AllToFirst;
+    impl Assignor for AllToFirst {
+        fn name(&self) -> &str {
+            "all-to-first"
+        }
+        fn assign(
+            &self,
+            partitions_per_topic: &BTreeMap<String, i32>,
+            members: &[GroupMember],
+        ) -> Result<BTreeMap<String, MemberAssignment>, AssignorError> {
+            let mut ids: Vec<&str> = members.iter().map(|m| m.member_id.as_str()).collect();
+            ids.sort_unstable();
+            let mut out: BTreeMap<String, MemberAssignment> = ids
+                .iter()
+                .map(|id| ((*id).to_owned(), MemberAssignment::default()))
+                .collect();
+            let all = partitions_per_topic
+                .iter()
+                .flat_map(|(t, n)| (0..*n).map(|p| TopicPartition::new(t.as_str(), p)))
+                .collect();
+            out.insert(ids[0].to_owned(), MemberAssignment::new(all));
+            Ok(out)
+        }
+    }
+
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("custom");
+    let group = unique("g");
+    cluster.create_topic(&topic, 4, 1, &[]);
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let cfg = || member_config(&cluster.bootstrap(), &group, GroupProtocol::Classic, None);
+    let setup = || -> Box<dyn FnOnce(&mut kafka_source::Consumer) + Send> {
+        Box::new(|c| {
+            c.set_assignors(vec![Arc::new(AllToFirst)])
+                .expect("assignors")
+        })
+    };
+    let a = Member::start_with("a", cfg(), &[&topic], &log, setup());
+    let b = Member::start_with("b", cfg(), &[&topic], &log, setup());
+    // Both joined (each heard of an assignment), and one of them owns all four partitions.
+    wait_for(&log, Duration::from_secs(60), "one member owns all", |l| {
+        let assigned_to = |m: &str| {
+            l.changes
+                .iter()
+                .any(|(_, c)| matches!(c, protocol_tests::group::Change::Assigned(n, _) if n == m))
+        };
+        let owners = l.owners();
+        let holders: BTreeSet<&String> = owners.values().flatten().collect();
+        assigned_to("a") && assigned_to("b") && owners.len() == 4 && holders.len() == 1
+    })
+    .await;
+    let described = cluster.describe_group_raw(&group, &["--state"]);
+    assert!(
+        described.contains("all-to-first"),
+        "the group's protocol is not the custom assignor: {described}"
+    );
+    a.close().await;
+    b.close().await;
+}
+
+/// `FENCED_INSTANCE_ID` from the real broker: a second consumer with the same
+/// `group.instance.id` replaces the first, whose next heartbeat is fenced; the first consumer's
+/// `poll` returns an error that names the code and the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_instance_id_fences_the_older_member() {
+    use kafka_source::Consumer;
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("fenced");
+    let group = unique("g");
+    cluster.create_topic(&topic, 2, 1, &[]);
+    let cfg = || {
+        config(&cluster.bootstrap())
+            .group_id(group.as_str())
+            .group_instance_id("same-instance")
+            .commit_mode(CommitMode::Disabled)
+            .auto_offset_reset(OffsetReset::Earliest)
+            .session_timeout(Duration::from_secs(10))
+            .heartbeat_interval(Duration::from_millis(300))
+            .build()
+            .expect("config")
+    };
+    let mut first = Consumer::new(cfg()).expect("consumer");
+    first.subscribe([topic.as_str()]).expect("subscribe");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while first.assignment().len() != 2 {
+        assert!(std::time::Instant::now() < deadline, "first never joined");
+        let _ = tokio::time::timeout(Duration::from_millis(200), first.poll()).await;
+    }
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let second = Member::start("second", cfg(), &[&topic], &log);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let err = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first was never fenced"
+        );
+        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(200), first.poll()).await {
+            break e;
+        }
+    };
+    let code = err.kafka_code().map(|c| format!("{c:?}"));
+    assert_eq!(code.as_deref(), Some("FencedInstanceId"), "{err}");
+    assert!(err.to_string().contains("group.instance.id"), "{err}");
+    first.close().await;
+    second.close().await;
+}
+
+/// Newly assigned partitions start at the group's committed offsets; a partition with none
+/// starts at `auto.offset.reset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn assigned_partitions_start_at_committed_offsets() {
+    use kafka_source::{Consumer, StartPosition, TopicPartition};
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("start");
+    let group = unique("g");
+    cluster.create_topic(&topic, 3, 1, &[]);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 3,
+        count: 300,
+        value_size: 10,
+        ..ProduceSpec::default()
+    });
+    // Commit 40 for partition 0 and 70 for partition 1 while the group is empty.
+    let committer_cfg = config(&cluster.bootstrap())
+        .group_id(group.as_str())
+        .commit_mode(CommitMode::OnCheckpoints)
+        .build()
+        .expect("config");
+    let mut c = Consumer::new(committer_cfg).expect("consumer");
+    c.assign([
+        (
+            TopicPartition::new(topic.as_str(), 0),
+            StartPosition::Offset(40),
+        ),
+        (
+            TopicPartition::new(topic.as_str(), 1),
+            StartPosition::Offset(70),
+        ),
+    ]);
+    c.snapshot_state(1).await.expect("snapshot");
+    c.checkpoints().notify_checkpoint_complete(1);
+    let stats = c.close().await;
+    assert_eq!(stats.succeeded, 1, "{stats:?}");
+    // A member of that group: 40, 70, and the reset policy (earliest) for partition 2.
+    let log = Arc::new(Mutex::new(GroupLog::default()));
+    let cfg = member_config(
+        &cluster.bootstrap(),
+        &group,
+        GroupProtocol::Classic,
+        Some(AssignmentStrategy::Range),
+    );
+    let m = Member::start("m", cfg, &[&topic], &log);
+    wait_for(&log, Duration::from_secs(60), "every partition read", |l| {
+        l.distinct() == 60 + 30 + 100
+    })
+    .await;
+    let first: Vec<i64> = (0..3)
+        .map(|p| {
+            let tp = TopicPartition::new(topic.as_str(), p);
+            *log.lock().records[&tp].keys().next().expect("records")
+        })
+        .collect();
+    assert_eq!(first, vec![40, 70, 0]);
+    m.close().await;
+}
