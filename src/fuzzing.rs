@@ -247,7 +247,7 @@ pub fn fetch_response(data: &[u8]) {
 }
 
 /// One step of [`commit_machine`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, arbitrary::Arbitrary)]
 pub enum CommitOp {
     /// Offer a commit of the partitions in this bit mask (bits 0..3: `t-0`, `t-1`, `u-0`).
     Offer(u8),
@@ -462,7 +462,7 @@ pub fn commit_machine(ops: &[CommitOp]) {
 }
 
 /// One step of [`mailbox`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, arbitrary::Arbitrary)]
 pub enum MailboxOp {
     /// Publish this value.
     Publish(Vec<u8>),
