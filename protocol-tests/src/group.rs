@@ -371,3 +371,21 @@ pub fn converged(log: &GroupLog, topic: &str, n: i32, members: &[&str]) -> bool 
     }
     per_member.len() == members.len().min(n as usize)
 }
+
+/// Panics unless `group`'s committed offset of every partition of `topic` is its end offset in
+/// `end`: nothing left unconsumed or uncommitted.
+pub fn assert_committed_at_end(
+    cluster: &crate::Cluster,
+    group: &str,
+    topic: &str,
+    end: &BTreeMap<i32, i64>,
+) {
+    let committed = cluster.committed_offsets(group);
+    for (p, e) in end {
+        assert_eq!(
+            committed.get(&(topic.to_owned(), *p)).copied().flatten(),
+            Some(*e),
+            "partition {p}: committed {committed:?}"
+        );
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kafka_source::{AssignmentStrategy, CommitMode, ConsumerConfig, GroupProtocol, OffsetReset};
 use parking_lot::Mutex;
 use protocol_tests::consume::{config, unique};
-use protocol_tests::group::{GroupLog, Member, converged, wait_for};
+use protocol_tests::group::{GroupLog, Member, assert_committed_at_end, converged, wait_for};
 use protocol_tests::{Cluster, ProduceSpec};
 
 fn member_config(
@@ -74,15 +74,7 @@ async fn share_a_topic(protocol: GroupProtocol, strategy: Option<AssignmentStrat
     log.lock().assert_complete(&topic, &end);
     a.close().await;
     c.close().await;
-    // Every partition's committed offset is its end: nothing left unconsumed or uncommitted.
-    let committed = cluster.committed_offsets(&group);
-    for (p, e) in &end {
-        assert_eq!(
-            committed.get(&(topic.clone(), *p)).copied().flatten(),
-            Some(*e),
-            "partition {p}: committed {committed:?}"
-        );
-    }
+    assert_committed_at_end(cluster, &group, &topic, &end);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

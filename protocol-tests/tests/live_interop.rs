@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kafka_source::{AssignmentStrategy, TopicPartition};
 use parking_lot::Mutex;
 use protocol_tests::consume::unique;
-use protocol_tests::group::{GroupLog, converged, wait_for};
+use protocol_tests::group::{GroupLog, assert_committed_at_end, converged, wait_for};
 use protocol_tests::interop::{ChildMember, GroupSpec, Mode};
 use protocol_tests::{Cluster, ProduceSpec};
 
@@ -140,14 +140,7 @@ where
     r3.stop(STOP);
     r4.stop(STOP);
     j2.stop(STOP);
-    let committed = cluster.committed_offsets(&group);
-    for (p, e) in &end {
-        assert_eq!(
-            committed.get(&(topic.clone(), *p)).copied().flatten(),
-            Some(*e),
-            "partition {p}: committed {committed:?}"
-        );
-    }
+    assert_committed_at_end(cluster, &group, &topic, &end);
     let redelivered: u64 = log
         .lock()
         .records
