@@ -377,6 +377,21 @@ impl MockBroker {
         self.addr.to_string()
     }
 
+    /// A consumer config for this broker with short timeouts and backoffs, so that every
+    /// conversation ends within seconds; `request.timeout.ms` is 2 s unless overridden.
+    pub fn client_config(&self, client_id: &str) -> kafka_source::ConsumerConfigBuilder {
+        kafka_source::ConsumerConfig::builder()
+            .bootstrap_servers([self.addr()])
+            .client_id(client_id)
+            .request_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(1))
+            .fetch_max_wait(Duration::from_millis(100))
+            .retry_backoff(Duration::from_millis(50))
+            .reconnect_backoff(Duration::from_millis(20))
+            .reconnect_backoff_max(Duration::from_millis(100))
+            .close_timeout(Duration::from_secs(1))
+    }
+
     /// The port.
     pub fn port(&self) -> u16 {
         self.addr.port()

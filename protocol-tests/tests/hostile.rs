@@ -29,8 +29,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::Compression;
 use kafka_source::{
-    ApiContext, CommitMode, Consumer, ConsumerConfig, ConsumerConfigBuilder, Error,
-    ProtocolViolation, StartPosition, TopicPartition,
+    ApiContext, CommitMode, Consumer, ConsumerConfigBuilder, Error, ProtocolViolation,
+    StartPosition, TopicPartition,
 };
 use protocol_tests::mock::{self, MockBroker, MockTopic, Received, Reply};
 
@@ -46,16 +46,8 @@ async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T 
 }
 
 fn base(mock: &MockBroker) -> ConsumerConfigBuilder {
-    ConsumerConfig::builder()
-        .bootstrap_servers([mock.addr()])
-        .client_id("hostile")
+    mock.client_config("hostile")
         .request_timeout(REQUEST_TIMEOUT)
-        .connect_timeout(Duration::from_secs(1))
-        .fetch_max_wait(Duration::from_millis(100))
-        .retry_backoff(Duration::from_millis(50))
-        .reconnect_backoff(Duration::from_millis(20))
-        .reconnect_backoff_max(Duration::from_millis(100))
-        .close_timeout(Duration::from_secs(1))
 }
 
 fn tp(p: i32) -> TopicPartition {

@@ -37,8 +37,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use kafka_protocol::records::Compression;
 use kafka_source::{
-    AssignmentStrategy, CommitMode, Consumer, ConsumerConfig, Error, GroupProtocol, OffsetReset,
-    RebalanceListener, Revocation, TopicPartition,
+    AssignmentStrategy, CommitMode, Consumer, Error, GroupProtocol, OffsetReset, RebalanceListener,
+    Revocation, TopicPartition,
 };
 use protocol_tests::mock::{self, MockBroker, MockTopic, Received, Reply};
 
@@ -521,7 +521,7 @@ impl RebalanceListener for Recorder {
 }
 
 fn member(m: &MockBroker, protocol: GroupProtocol, rec: &Recorder) -> Consumer {
-    let mut b = ConsumerConfig::builder();
+    let mut b = m.client_config("hostile-group");
     if protocol == GroupProtocol::Classic {
         b = b
             .partition_assignment_strategy([AssignmentStrategy::Range])
@@ -529,17 +529,8 @@ fn member(m: &MockBroker, protocol: GroupProtocol, rec: &Recorder) -> Consumer {
             .heartbeat_interval(Duration::from_millis(100));
     }
     let config = b
-        .bootstrap_servers([m.addr()])
-        .client_id("hostile-group")
         .group_id("g")
         .group_protocol(protocol)
-        .request_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(1))
-        .fetch_max_wait(Duration::from_millis(100))
-        .retry_backoff(Duration::from_millis(50))
-        .reconnect_backoff(Duration::from_millis(20))
-        .reconnect_backoff_max(Duration::from_millis(100))
-        .close_timeout(Duration::from_secs(1))
         .max_poll_interval(Duration::from_secs(1))
         .auto_offset_reset(OffsetReset::Earliest)
         .commit_mode(CommitMode::Periodic(Duration::from_millis(100)))
