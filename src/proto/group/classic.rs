@@ -58,8 +58,11 @@ enum State {
     Stable,
     /// The application is giving partitions up; rejoins after.
     Revoking,
-    /// Left the group (closed, or `max.poll.interval.ms` passed); joins again only when asked.
+    /// Left the group because `max.poll.interval.ms` passed; joins again when the application
+    /// polls.
     Left,
+    /// Closed: nothing more is sent, and nothing brings the member back.
+    Closed,
     /// A fatal error; nothing more is sent.
     Fatal,
 }
@@ -212,7 +215,10 @@ impl ClassicMember {
     /// static member only stops heartbeating), as the Java client does. Returns the LeaveGroup
     /// to send, if any.
     pub(crate) fn poll_timeout(&mut self) -> Option<GroupAction> {
-        if matches!(self.state, State::Left | State::Fatal | State::Unjoined) {
+        if matches!(
+            self.state,
+            State::Left | State::Closed | State::Fatal | State::Unjoined
+        ) {
             return None;
         }
         tracing::warn!(
@@ -237,8 +243,11 @@ impl ClassicMember {
     pub(crate) fn close(&mut self) -> Option<GroupAction> {
         let leave = self.leave_action();
         self.owned.clear();
+        self.revoking = None;
         self.generation = -1;
-        self.state = State::Left;
+        self.heartbeat_in_flight = None;
+        self.next_heartbeat = None;
+        self.state = State::Closed;
         leave
     }
 
@@ -343,7 +352,7 @@ impl ClassicMember {
         if self.topics.is_empty() && self.state == State::Unjoined {
             return None;
         }
-        if matches!(self.state, State::Left | State::Fatal) {
+        if matches!(self.state, State::Left | State::Closed | State::Fatal) {
             return None;
         }
         // The coordinator is looked up on its own, whatever the membership is doing.
@@ -962,6 +971,7 @@ impl ClassicMember {
             State::Stable => "stable",
             State::Revoking => "revoking",
             State::Left => "left",
+            State::Closed => "closed",
             State::Fatal => "fatal",
         }
     }
@@ -1145,6 +1155,32 @@ mod tests {
         };
         assert_eq!(request.member_id.as_str(), "m-1");
         assert!(m.owned().is_empty());
+    }
+
+    /// Closing in the middle of a revocation ends the membership for good: the member leaves,
+    /// owns nothing, and neither the application finishing the revocation nor a new
+    /// subscription makes it join again.
+    #[test]
+    fn close_is_final_even_while_revoking() {
+        let now = Instant::now();
+        let mut m = stable_follower(now);
+        let t = now + Duration::from_secs(1);
+        heartbeat_answered(&mut m, t, ResponseError::RebalanceInProgress);
+        assert!(m.poll_action(t).is_none());
+        assert_eq!(
+            m.take_events(),
+            vec![GroupEvent::Revoke(vec![tp(0), tp(1)])]
+        );
+        assert!(matches!(m.close(), Some(GroupAction::Leave { .. })));
+        assert_eq!(m.state_name(), "closed");
+        assert!(m.owned().is_empty());
+        assert!(m.identity().is_none());
+        m.revocation_done(t);
+        m.subscribe(["t".to_owned(), "u".to_owned()].into());
+        m.resume_after_poll_timeout();
+        assert!(m.poll_action(t + Duration::from_secs(10)).is_none());
+        assert!(m.poll_timeout().is_none());
+        assert!(m.take_events().is_empty());
     }
 
     /// ILLEGAL_GENERATION on a heartbeat: the partitions are lost (not revoked, so never

@@ -41,8 +41,10 @@ enum State {
     Unjoined,
     /// A member (the join heartbeat may still be out).
     Member,
-    /// Left (closed, or `max.poll.interval.ms` passed).
+    /// Left because `max.poll.interval.ms` passed; joins again when the application polls.
     Left,
+    /// Closed: nothing more is sent, and nothing brings the member back.
+    Closed,
     Fatal,
 }
 
@@ -184,7 +186,7 @@ impl ConsumerMember {
     }
 
     pub(crate) fn poll_action(&mut self, now: Instant) -> Option<GroupAction> {
-        if !self.subscribed() || matches!(self.state, State::Left | State::Fatal) {
+        if !self.subscribed() || matches!(self.state, State::Left | State::Closed | State::Fatal) {
             return None;
         }
         let Some(node) = self.coordinator.node() else {
@@ -518,7 +520,11 @@ impl ConsumerMember {
     pub(crate) fn close(&mut self) -> Option<GroupAction> {
         let leave = self.leave_action();
         self.owned.clear();
-        self.state = State::Left;
+        self.target = None;
+        self.revoking = None;
+        self.unresolved = false;
+        self.in_flight = None;
+        self.state = State::Closed;
         leave
     }
 
@@ -747,5 +753,26 @@ mod tests {
             panic!("expected a leave heartbeat");
         };
         assert_eq!(request.member_epoch, LEAVE_EPOCH);
+    }
+
+    /// Closing in the middle of a revocation ends it: the revocation is forgotten, and neither a later subscription nor the application finishing the revocation
+    /// brings the member back.
+    #[test]
+    fn close_is_final_even_while_revoking() {
+        let now = Instant::now();
+        let mut m = joined(now);
+        let t = now + Duration::from_secs(1);
+        let (seq, _) = heartbeat(&mut m, t);
+        m.handle_heartbeat(seq, t, Ok(answer(4, Some(&[0, 1]))), &names);
+        assert_eq!(m.take_events(), vec![GroupEvent::Revoke(vec![tp(2)])]);
+        assert!(matches!(m.close(), Some(GroupAction::ConsumerLeave { .. })));
+        assert!(m.owned().is_empty());
+        assert!(m.identity().is_none());
+        m.revocation_done(t, &names);
+        m.subscribe(["t".to_owned()].into(), t);
+        m.resume_after_poll_timeout();
+        assert!(m.poll_action(t + Duration::from_secs(10)).is_none());
+        assert_eq!(m.take_events(), Vec::new());
+        assert!(m.owned().is_empty());
     }
 }
