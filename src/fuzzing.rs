@@ -774,6 +774,8 @@ struct GroupModel {
     member: bool,
     /// The coordinator the last lookup answered.
     found: Option<i32>,
+    /// Closed: nothing is owned, assigned or sent from now on.
+    closed: bool,
 }
 
 impl GroupModel {
@@ -796,6 +798,7 @@ impl GroupModel {
                     self.revoking = None;
                 }
                 GroupEvent::Assign { added, .. } => {
+                    assert!(!self.closed, "{added:?} assigned after close");
                     if let Some(r) = &self.revoking {
                         for tp in &added {
                             assert!(!r.contains(tp), "{tp} assigned again while being revoked");
@@ -810,6 +813,16 @@ impl GroupModel {
         }
     }
 
+    /// Closing gives everything up, a revocation under way included.
+    fn close(&mut self, m: &crate::proto::group::Membership) {
+        self.gone.extend(m.owned().iter().cloned());
+        if let Some(r) = self.revoking.take() {
+            self.gone.extend(r);
+        }
+        self.member = false;
+        self.closed = true;
+    }
+
     fn revocation_done(&mut self) {
         if let Some(r) = self.revoking.take() {
             self.gone.extend(r);
@@ -817,6 +830,10 @@ impl GroupModel {
     }
 
     fn check(&self, m: &crate::proto::group::Membership) {
+        if self.closed {
+            assert!(m.owned().is_empty(), "a closed member owns partitions");
+            assert!(m.identity().is_none(), "a closed member has an identity");
+        }
         for tp in m.owned() {
             assert!(
                 !self.gone.contains(tp),
@@ -1084,6 +1101,7 @@ pub fn classic_member(data: &[u8]) {
             }
             14 => {
                 if r.u8() % 16 == 0 {
+                    model.close(&m);
                     if let Some(GroupAction::Leave { node, .. }) = m.close() {
                         model.to_coordinator(&m, node);
                     }
@@ -1302,6 +1320,7 @@ pub fn consumer_member(data: &[u8]) {
                     }
                 }
                 2 if r.u8() % 8 == 0 => {
+                    model.close(&m);
                     if let Some(GroupAction::ConsumerLeave { node, .. }) = m.close() {
                         model.to_coordinator(&m, node);
                     }
