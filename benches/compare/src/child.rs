@@ -47,6 +47,7 @@ pub(crate) fn main(args: &[String]) -> ! {
         "ours" | "rdkafka-base" | "rdkafka-stream" | "rskafka" | "raw" => throughput(kind, rest),
         "ours-slow" => slow(rest),
         "ours-latency" => latency(rest),
+        "raw-commit" => raw_commit(rest),
         _ => Err(format!("unknown child kind {kind:?}")),
     };
     match result {
@@ -315,6 +316,19 @@ fn slow(args: &[String]) -> Result<String, String> {
             started.elapsed().as_secs_f64()
         ))
     })
+}
+
+/// `BOOTSTRAP TOPIC GROUP COMMITS WARMUP`: the broker's OffsetCommit round trip alone (see
+/// [`raw::commit_round_trips`]), in microseconds, in the latency children's format.
+fn raw_commit(args: &[String]) -> Result<String, String> {
+    let bootstrap: String = arg(args, 0, "BOOTSTRAP")?;
+    let topic: String = arg(args, 1, "TOPIC")?;
+    let group: String = arg(args, 2, "GROUP")?;
+    let commits: u64 = arg(args, 3, "COMMITS")?;
+    let warmup: u64 = arg(args, 4, "WARMUP")?;
+    let took = raw::commit_round_trips(&bootstrap, &topic, &group, commits, warmup)?;
+    let micros: Vec<String> = took.iter().map(|d| d.as_micros().to_string()).collect();
+    Ok(format!("parked_at_ack=-1 lat_us={}", micros.join(",")))
 }
 
 /// `BOOTSTRAP TOPIC GROUP COMMITS WARMUP`: checkpoint completion to broker acknowledgement, with

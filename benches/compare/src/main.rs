@@ -11,8 +11,9 @@
 //! runs every consumer as its own child process, interleaved: kafka-source, rust-rdkafka's
 //! `BaseConsumer` and `StreamConsumer`, rskafka, the Java client's `ConsumerPerformance` tool and
 //! a raw-fetch ceiling. It then measures checkpoint-to-acknowledgement commit latency with a
-//! parked fetch (kafka-source and a Java consumer driven like Flink's legacy consumer thread)
-//! and kafka-source's peak RSS with a slow application. The report (markdown, CSV and PNG plots)
+//! parked fetch (kafka-source and a Java consumer driven like Flink's legacy consumer thread,
+//! with the broker's bare OffsetCommit round trip as the floor under both) and kafka-source's
+//! peak RSS with a slow application. The report (markdown, CSV and PNG plots)
 //! goes to `target/compare/`.
 //!
 //! `compare child KIND ..` is how the driver starts the Rust consumers; see [`child`].
@@ -53,6 +54,10 @@ const SLOW_BUDGET: usize = 64 << 20;
 /// The slow application's cost per record.
 const SLOW_MICROS_PER_RECORD: u64 = 100;
 
+/// The commit-latency rounds: kafka-source, the Java wakeup pattern, and the broker's own
+/// OffsetCommit round trip as the floor under both.
+pub(crate) const LATENCY_CLIENTS: [Client; 3] = [Client::Ours, Client::Java, Client::RawCommit];
+
 /// A consumer under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Client {
@@ -62,6 +67,8 @@ pub(crate) enum Client {
     Rskafka,
     Java,
     Raw,
+    /// The broker's OffsetCommit round trip alone (commit latency only).
+    RawCommit,
 }
 
 impl Client {
@@ -82,6 +89,7 @@ impl Client {
             Client::Rskafka => "rskafka",
             Client::Java => "Java ConsumerPerformance",
             Client::Raw => "raw fetch (ceiling)",
+            Client::RawCommit => "raw OffsetCommit (broker floor)",
         }
     }
 
@@ -93,6 +101,7 @@ impl Client {
             Client::Rskafka => "rskafka",
             Client::Java => "java",
             Client::Raw => "raw",
+            Client::RawCommit => "raw-commit",
         }
     }
 }
@@ -264,8 +273,8 @@ fn main() {
     cluster.create_topic(&latency_topic, 1, 1, &[]);
     let mut latency = Vec::new();
     for round in 0..rounds {
-        let mut order = [Client::Ours, Client::Java];
-        order.rotate_left(round % 2);
+        let mut order = LATENCY_CLIENTS;
+        order.rotate_left(round % LATENCY_CLIENTS.len());
         for client in order {
             let group = format!("cmp-latency-{nanos}-{round}-{}", client.child_kind());
             let run = run_latency(
@@ -561,7 +570,12 @@ fn run_latency(
         cmd
     } else {
         let mut cmd = self_command();
-        cmd.args(["child", "ours-latency"]).args(&args);
+        let kind = if client == Client::RawCommit {
+            "raw-commit"
+        } else {
+            "ours-latency"
+        };
+        cmd.args(["child", kind]).args(&args);
         cmd
     };
     let run = proc::run(cmd, log, Duration::from_secs(300));

@@ -13,10 +13,14 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{
-    ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::protocol::{Decodable as _, Encodable as _, HeaderVersion as _, StrBytes};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, FetchRequest, FetchResponse, FindCoordinatorRequest, GroupId,
+    OffsetCommitRequest, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 
 use crate::child::CHILD_DEADLINE;
 
@@ -205,4 +209,128 @@ fn walk_batches(data: &Bytes) -> (u64, Option<i64>, usize) {
         rest = &rest[total..];
     }
     (records, next, used)
+}
+
+/// The broker's own commit round trip, the floor under any client's commit latency: one
+/// blocking connection to the group coordinator that sends OffsetCommit requests (v8, no
+/// generation and no member id, as a standalone consumer commits) one at a time, every 20 ms
+/// like the latency children, and times each request's round trip. Nothing else runs on it: no
+/// fetch, no checkpoint, no handover. Returns the round trips after the first `warmup`.
+pub(crate) fn commit_round_trips(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    commits: u64,
+    warmup: u64,
+) -> Result<Vec<Duration>, String> {
+    let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
+    let mut stream = connect(addr)?;
+    let find = FindCoordinatorRequest::default()
+        .with_key(StrBytes::from_string(group.to_owned()))
+        .with_key_type(0);
+    let mut correlation_id = 0;
+    // The first lookup of a group creates `__consumer_offsets`: COORDINATOR_NOT_AVAILABLE (15)
+    // until it is ready.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let coordinator = loop {
+        let answer = round_trip(&mut stream, &mut correlation_id, &find, 3)?;
+        match answer.error_code {
+            0 => break answer,
+            15 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            code => return Err(format!("FindCoordinator error code {code}")),
+        }
+    };
+    let mut stream = connect(&format!(
+        "{}:{}",
+        coordinator.host.as_str(),
+        coordinator.port
+    ))?;
+    let mut took = Vec::new();
+    for i in 0..warmup + commits {
+        std::thread::sleep(Duration::from_millis(20));
+        let commit = OffsetCommitRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+            .with_generation_id_or_member_epoch(-1)
+            .with_topics(vec![
+                OffsetCommitRequestTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                    .with_partitions(vec![
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(i as i64)
+                            .with_committed_leader_epoch(-1),
+                    ]),
+            ]);
+        let start = Instant::now();
+        let response = round_trip(&mut stream, &mut correlation_id, &commit, 8)?;
+        let elapsed = start.elapsed();
+        for t in &response.topics {
+            for p in &t.partitions {
+                if p.error_code != 0 {
+                    return Err(format!("OffsetCommit error code {}", p.error_code));
+                }
+            }
+        }
+        if i >= warmup {
+            took.push(elapsed);
+        }
+    }
+    Ok(took)
+}
+
+fn connect(addr: &str) -> Result<TcpStream, String> {
+    let stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    Ok(stream)
+}
+
+/// Sends `request` as API version `version` and reads its response.
+fn round_trip<Req: Request>(
+    stream: &mut TcpStream,
+    correlation_id: &mut i32,
+    request: &Req,
+    version: i16,
+) -> Result<Req::Response, String> {
+    *correlation_id += 1;
+    let header = RequestHeader::default()
+        .with_request_api_key(Req::KEY)
+        .with_request_api_version(version)
+        .with_correlation_id(*correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("compare-raw")));
+    let mut frame = BytesMut::new();
+    frame.extend_from_slice(&[0; 4]);
+    header
+        .encode(&mut frame, Req::header_version(version))
+        .map_err(|e| format!("encode header: {e}"))?;
+    request
+        .encode(&mut frame, version)
+        .map_err(|e| format!("encode request: {e}"))?;
+    let size = (frame.len() - 4) as i32;
+    frame[..4].copy_from_slice(&size.to_be_bytes());
+    stream.write_all(&frame).map_err(|e| format!("send: {e}"))?;
+    let mut size = [0u8; 4];
+    stream
+        .read_exact(&mut size)
+        .map_err(|e| format!("receive: {e}"))?;
+    let size = i32::from_be_bytes(size);
+    if !(0..=(1 << 20)).contains(&size) {
+        return Err(format!("response size {size}"));
+    }
+    let mut body = vec![0u8; size as usize];
+    stream
+        .read_exact(&mut body)
+        .map_err(|e| format!("receive: {e}"))?;
+    let mut body = Bytes::from(body);
+    let header = ResponseHeader::decode(&mut body, Req::Response::header_version(version))
+        .map_err(|e| format!("decode header: {e}"))?;
+    if header.correlation_id != *correlation_id {
+        return Err(format!(
+            "correlation id {} for request {correlation_id}",
+            header.correlation_id
+        ));
+    }
+    Req::Response::decode(&mut body, version).map_err(|e| format!("decode response: {e}"))
 }
