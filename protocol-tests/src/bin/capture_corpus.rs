@@ -4,10 +4,14 @@
 //! topics with every codec and a transactional topic with aborted transactions, then consumes
 //! them through a recording proxy: metadata, ListOffsets (earliest, latest, by time), fetches
 //! (`read_uncommitted` and `read_committed`), an out-of-range fetch, an unknown topic,
-//! FindCoordinator, OffsetCommit after a checkpoint, and OffsetFetch. The responses are written
-//! in each fuzz target's input format (see `fuzz/README.md`):
+//! FindCoordinator, OffsetCommit after a checkpoint, and OffsetFetch; then consumer groups: two
+//! classic members (JoinGroup with the MEMBER_ID_REQUIRED round trip, SyncGroup, Heartbeat,
+//! LeaveGroup) and a KIP-848 member (ConsumerGroupHeartbeat). The responses are written in each
+//! fuzz target's input format (see `fuzz/README.md`):
 //!
 //! - `frame/`: `[api selector, version selector]` + the whole response frame;
+//! - `consumer_protocol/`: the ConsumerProtocol subscriptions and assignments that JoinGroup and
+//!   SyncGroup answers carry;
 //! - `fetch_response/`: `[version selector, flags]` + the FetchResponse body, its topic renamed
 //!   to the harness's `t` (id 42) and partitions folded onto 0 and 1;
 //! - `record_batch/`: each partition's `records` bytes.
@@ -23,17 +27,20 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, FetchResponse, ResponseHeader, TopicName};
+use kafka_protocol::messages::{
+    ApiKey, FetchResponse, JoinGroupResponse, ResponseHeader, SyncGroupResponse, TopicName,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_source::{
-    CommitMode, Consumer, IsolationLevel, OffsetReset, StartPosition, TopicPartition,
+    AssignmentStrategy, CommitMode, Consumer, GroupProtocol, IsolationLevel, OffsetReset,
+    StartPosition, TopicPartition,
 };
 use protocol_tests::consume::{config, drain, partitions, unique};
 use protocol_tests::proxy::{Recorded, RecordingProxy};
 use protocol_tests::{Cluster, Compression, ProduceSpec};
 
 /// The `frame` target's API order and our version windows' lower ends.
-const FRAME_APIS: [(ApiKey, i16, i16); 7] = [
+const FRAME_APIS: [(ApiKey, i16, i16); 12] = [
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::Metadata, 10, 13),
     (ApiKey::Fetch, 12, 18),
@@ -41,6 +48,11 @@ const FRAME_APIS: [(ApiKey, i16, i16); 7] = [
     (ApiKey::FindCoordinator, 3, 6),
     (ApiKey::OffsetCommit, 7, 9),
     (ApiKey::OffsetFetch, 7, 9),
+    (ApiKey::JoinGroup, 5, 9),
+    (ApiKey::SyncGroup, 5, 5),
+    (ApiKey::Heartbeat, 4, 4),
+    (ApiKey::LeaveGroup, 3, 5),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
 ];
 
 /// Seeds larger than this are not kept.
@@ -96,6 +108,7 @@ async fn main() {
         consume(&proxy.addr(), topic, *count, *isolation).await;
     }
     edge_cases(&proxy.addr(), &topics[0].0).await;
+    groups(&proxy.addr(), &topics[0].0).await;
 
     let recorded = proxy.recorded();
     let written = write_corpus(&out, &recorded);
@@ -159,6 +172,42 @@ async fn edge_cases(bootstrap: &str, topic: &str) {
     c.close().await;
 }
 
+/// Group traffic: two classic members (cooperative-sticky) join one after the other, heartbeat
+/// and leave; then a KIP-848 member joins, is assigned, heartbeats and leaves.
+async fn groups(bootstrap: &str, topic: &str) {
+    let member = |protocol: GroupProtocol, group: &str| {
+        let mut cfg = config(bootstrap).group_id(group).group_protocol(protocol);
+        if protocol == GroupProtocol::Classic {
+            cfg = cfg
+                .partition_assignment_strategy([AssignmentStrategy::CooperativeSticky])
+                .heartbeat_interval(Duration::from_millis(300));
+        }
+        let mut c = Consumer::new(cfg.build().expect("config")).expect("consumer");
+        c.subscribe([topic]).expect("subscribe");
+        c
+    };
+    let classic = unique("seed-classic");
+    let mut a = member(GroupProtocol::Classic, &classic);
+    poll_for(&mut a, Duration::from_secs(3)).await;
+    let mut b = member(GroupProtocol::Classic, &classic);
+    tokio::join!(
+        poll_for(&mut a, Duration::from_secs(5)),
+        poll_for(&mut b, Duration::from_secs(5))
+    );
+    b.close().await;
+    poll_for(&mut a, Duration::from_secs(2)).await;
+    a.close().await;
+    let mut c = member(GroupProtocol::Consumer, &unique("seed-consumer"));
+    poll_for(&mut c, Duration::from_secs(4)).await;
+    c.close().await;
+}
+
+/// Polls (so that group events are handled) for `d`.
+async fn poll_for(c: &mut Consumer, d: Duration) {
+    let end = tokio::time::Instant::now() + d;
+    while tokio::time::timeout_at(end, c.poll()).await.is_ok() {}
+}
+
 /// Writes the seeds; returns how many per target.
 fn write_corpus(out: &Path, recorded: &[Recorded]) -> BTreeMap<&'static str, usize> {
     let mut seen = HashSet::new();
@@ -204,6 +253,9 @@ fn write_corpus(out: &Path, recorded: &[Recorded]) -> BTreeMap<&'static str, usi
         let mut frame = vec![sel as u8, (r.version - min) as u8];
         frame.extend_from_slice(&r.frame);
         put("frame", r, frame);
+        for bytes in consumer_protocol_seeds(r) {
+            put("consumer_protocol", r, bytes.to_vec());
+        }
         if r.api != ApiKey::Fetch {
             continue;
         }
@@ -218,6 +270,25 @@ fn write_corpus(out: &Path, recorded: &[Recorded]) -> BTreeMap<&'static str, usi
         }
     }
     written
+}
+
+/// The ConsumerProtocol bytes in a JoinGroup answer (every member's subscription, on the
+/// leader) or a SyncGroup answer (this member's assignment).
+fn consumer_protocol_seeds(r: &Recorded) -> Vec<Bytes> {
+    let mut body = r.frame.slice(4..);
+    let header_version = r.api.response_header_version(r.version);
+    if ResponseHeader::decode(&mut body, header_version).is_err() {
+        return Vec::new();
+    }
+    match r.api {
+        ApiKey::JoinGroup => JoinGroupResponse::decode(&mut body, r.version)
+            .map(|j| j.members.into_iter().map(|m| m.metadata).collect())
+            .unwrap_or_default(),
+        ApiKey::SyncGroup => SyncGroupResponse::decode(&mut body, r.version)
+            .map(|s| vec![s.assignment])
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
 }
 
 /// Whether a recorded Fetch response carries any records.
