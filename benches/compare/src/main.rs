@@ -3,7 +3,8 @@
 //! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N] [--warmups N]`
 //!
 //! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, one warm-up round and
-//! five measured rounds. `--quick`: 200,000 and 40,000 records, one round, no warm-up.
+//! five measured rounds. `--quick`: 200,000 and 40,000 records, one round, no warm-up, and a
+//! 16 MiB budget for the slow application (its topic is smaller than the default 64 MiB).
 //! `--reps` and `--warmups` change the number of measured and warm-up rounds.
 //!
 //! The driver starts one Apache Kafka 4.1.2 broker with the test harness (`protocol-tests`),
@@ -49,8 +50,12 @@ const JAVA_OPTS: &[&str] = &[
     "-Djava.awt.headless=true",
 ];
 
-/// kafka-source's default `buffer.max.bytes`, the budget of the slow-application run.
+/// kafka-source's default `buffer.max.bytes`, the budget of the full run's slow-application
+/// case.
 const SLOW_BUDGET: usize = 64 << 20;
+/// The quick run's budget: its 1 KiB topic (40 MB) must be larger than the budget, or the case
+/// cannot show that memory stops growing at the budget.
+const SLOW_BUDGET_QUICK: usize = 16 << 20;
 /// The slow application's cost per record.
 const SLOW_MICROS_PER_RECORD: u64 = 100;
 
@@ -143,7 +148,8 @@ pub(crate) struct Plan {
     pub(crate) records_large: u64,
     pub(crate) commits: u64,
     pub(crate) commit_warmup: u64,
-    pub(crate) slow_runs: usize,
+    /// `buffer.max.bytes` of the slow-application runs.
+    pub(crate) slow_budget: usize,
     pub(crate) slow_seconds: f64,
 }
 
@@ -158,7 +164,7 @@ impl Plan {
                 records_large: 40_000,
                 commits: 50,
                 commit_warmup: 10,
-                slow_runs: 1,
+                slow_budget: SLOW_BUDGET_QUICK,
                 slow_seconds: 3.0,
             }
         } else {
@@ -170,7 +176,7 @@ impl Plan {
                 records_large: 200_000,
                 commits: 200,
                 commit_warmup: 20,
-                slow_runs: 3,
+                slow_budget: SLOW_BUDGET,
                 slow_seconds: 8.0,
             }
         };
@@ -310,19 +316,22 @@ fn main() {
         .expect("the 1 KiB, 8-partition, uncompressed case")
         .clone();
     let mut slow = Vec::new();
-    for i in 0..plan.slow_runs {
+    for round in 0..rounds {
         let run = run_slow(&slow_case, &bootstrap, &plan, &log);
+        let warm = round < plan.warmups;
         eprintln!(
-            "[compare] slow application run {}/{}: {}",
-            i + 1,
-            plan.slow_runs,
+            "[compare] slow application round {}/{rounds}{}: {}",
+            round + 1,
+            if warm { " (warm-up)" } else { "" },
             run.as_ref().map_or("FAILED".to_string(), |r| format!(
                 "peak RSS {:.1} MiB, {:.0} records/s",
                 r.peak_rss as f64 / f64::from(1 << 20),
                 r.records_per_s
             ))
         );
-        slow.push(run);
+        if !warm {
+            slow.push(run);
+        }
     }
 
     machine.finish();
@@ -334,7 +343,7 @@ fn main() {
         latency,
         slow,
         slow_case_label: slow_case.label(),
-        slow_budget: SLOW_BUDGET as u64,
+        slow_budget: plan.slow_budget as u64,
         slow_micros_per_record: SLOW_MICROS_PER_RECORD,
         broker_properties: BROKER_PROPERTIES
             .iter()
@@ -612,7 +621,7 @@ fn run_slow(case: &Case, bootstrap: &str, plan: &Plan, log: &Path) -> Option<Slo
     let mut cmd = self_command();
     cmd.args(["child", "ours-slow", bootstrap, &case.topic])
         .arg(case.partitions.to_string())
-        .arg(SLOW_BUDGET.to_string())
+        .arg(plan.slow_budget.to_string())
         .arg(plan.slow_seconds.to_string())
         .arg(SLOW_MICROS_PER_RECORD.to_string());
     let run = proc::run(cmd, log, Duration::from_secs(120));

@@ -372,12 +372,13 @@ impl Report {
             s,
             "kafka-source reads the {} topic with `buffer.max.bytes` = {} MiB while the \
              application sleeps {} µs per record, so fetched data piles up to the budget; \
-             {} run(s) of {:.0} s.\n",
+             {} run(s) of {:.0} s after {} warm-up run(s).\n",
             self.slow_case_label,
             self.slow_budget as f64 / MIB,
             self.slow_micros_per_record,
-            self.plan.slow_runs,
-            self.plan.slow_seconds
+            self.plan.reps,
+            self.plan.slow_seconds,
+            self.plan.warmups
         );
         let rss = spread(slow.iter().map(|r| r.peak_rss as f64 / MIB));
         let rate = spread(slow.iter().map(|r| r.records_per_s));
