@@ -394,6 +394,11 @@ impl FetchState {
             let Some(s) = self.current(&entry.tp, entry.generation) else {
                 continue;
             };
+            if !matches!(s.position, Position::Unresolved(_)) {
+                // Failed meanwhile (the consumer found corrupt data): it stays stopped until a
+                // seek.
+                continue;
+            }
             let found = resp
                 .topics
                 .iter()
@@ -1078,6 +1083,39 @@ mod tests {
                         .with_offset(offset),
                 ]),
         ]))
+    }
+
+    /// A partition the consumer failed (corrupt data in a chunk handed out earlier) while an
+    /// offset reset's ListOffsets was out stays failed: the answer used to set its position,
+    /// and fetching resumed after the failure had been reported.
+    #[test]
+    fn a_list_offsets_answer_does_not_restart_a_failed_partition() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Earliest));
+        f.assign(vec![(tp(0), StartPosition::Offset(10), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        let out = f.handle_fetch(plan, response(vec![data(0, batches(10, 2))]), now);
+        assert_eq!(chunks(&out).len(), 1);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        f.handle_fetch(
+            plan,
+            response(vec![error(0, ResponseError::OffsetOutOfRange)]),
+            now,
+        );
+        let list = single(f.plan_list_offsets(now, &m));
+        // The consumer decodes the first chunk and finds a corrupt batch.
+        f.fail(&tp(0), 1);
+        let out = f.handle_list_offsets(list, list_answer(0, 0), now);
+        assert!(out.events.is_empty());
+        assert!(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20).is_empty());
+        assert!(f.plan_list_offsets(now, &m).is_empty());
+        // A seek restarts it.
+        f.seek(&tp(0), StartPosition::Offset(0), 2);
+        assert_eq!(
+            single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20)).entries[0].offset,
+            0
+        );
     }
 
     /// A partition given up and assigned again (or assigned under a new generation) while its
