@@ -24,7 +24,7 @@ seconds="${FUZZ_SECONDS:-60}"
 toolchain="${FUZZ_TOOLCHAIN:-stable}"
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(record_batch frame fetch_response commit_machine mailbox consumer_protocol classic_member consumer_member)
+    targets=(record_batch frame fetch_response commit_machine mailbox consumer_protocol classic_member consumer_member fetch_session)
 fi
 
 if ! cargo "+$toolchain" fuzz --version >/dev/null 2>&1; then

@@ -1341,3 +1341,863 @@ pub fn consumer_member(data: &[u8]) {
         model.check(&m);
     }
 }
+
+/// The topics of [`fetch_session`], three partitions each.
+const FETCH_TOPICS: [&str; 3] = ["a", "b", "c"];
+
+/// Partition `i % 9` of [`FETCH_TOPICS`]: `a-0`, `a-1`, `a-2`, `b-0`, ...
+fn fetch_tp(i: u8) -> TopicPartition {
+    let i = usize::from(i % 9);
+    TopicPartition::new(FETCH_TOPICS[i / 3], (i % 3) as i32)
+}
+
+fn fetch_tp_index(tp: &TopicPartition) -> usize {
+    let t = FETCH_TOPICS
+        .iter()
+        .position(|t| **t == *tp.topic)
+        .expect("a harness topic");
+    t * 3 + tp.partition as usize
+}
+
+/// Topic `t`'s id in its `version`th incarnation.
+fn fetch_topic_id(t: usize, version: u8) -> Uuid {
+    Uuid::from_u128(((t as u128 + 1) << 8) | u128::from(version))
+}
+
+/// The cluster behind [`fetch_session`]'s metadata: brokers 0..=2; a leader is one of them, -1
+/// (none), or 3 (a node the metadata does not list).
+struct Cluster {
+    leaders: [i32; 9],
+    epochs: [i32; 9],
+    /// Each topic's incarnation (a new one has a new id).
+    ids: [u8; 3],
+    /// Deleted: metadata answers UNKNOWN_TOPIC_OR_PARTITION.
+    gone: [bool; 3],
+}
+
+impl Cluster {
+    fn new() -> Self {
+        Self {
+            leaders: [0, 1, 2, 1, 2, 0, 2, 0, 1],
+            epochs: [0; 9],
+            ids: [0; 3],
+            gone: [false; 3],
+        }
+    }
+
+    /// A Metadata answer; topics in the `omit` mask are left out (their old entry stays).
+    fn response(&self, omit: u8) -> MetadataResponse {
+        let brokers = (0..3)
+            .map(|id| {
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(id))
+                    .with_host(StrBytes::from_static_str("127.0.0.1"))
+                    .with_port(9092 + id)
+            })
+            .collect();
+        let mut topics = Vec::new();
+        for (t, name) in FETCH_TOPICS.iter().enumerate() {
+            if omit & (1 << t) != 0 {
+                continue;
+            }
+            let topic = MetadataResponseTopic::default().with_name(Some(topic_name(name)));
+            if self.gone[t] {
+                topics.push(topic.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
+                continue;
+            }
+            let partitions = (0..3)
+                .map(|p| {
+                    let i = t * 3 + p;
+                    let leader = self.leaders[i];
+                    MetadataResponsePartition::default()
+                        .with_partition_index(p as i32)
+                        .with_leader_id(BrokerId(leader))
+                        .with_leader_epoch(self.epochs[i])
+                        .with_error_code(if leader < 0 {
+                            ResponseError::LeaderNotAvailable.code()
+                        } else {
+                            0
+                        })
+                })
+                .collect();
+            topics.push(
+                topic
+                    .with_topic_id(fetch_topic_id(t, self.ids[t]))
+                    .with_partitions(partitions),
+            );
+        }
+        MetadataResponse::default()
+            .with_brokers(brokers)
+            .with_topics(topics)
+    }
+}
+
+/// A partition's read position as [`fetch_session`]'s model sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ModelPos {
+    /// Waiting for ListOffsets, which asks with this timestamp (-2 earliest, -1 latest).
+    Unresolved(i64),
+    /// The next chunk of this generation starts here.
+    At(i64),
+}
+
+#[derive(Clone, Debug)]
+struct ModelPart {
+    generation: u64,
+    pos: ModelPos,
+    /// Reported failed (or failed by the consumer): no chunk until a seek.
+    failed: bool,
+    paused: bool,
+    reset: OffsetReset,
+}
+
+impl ModelPart {
+    fn new(start: StartPosition, generation: u64, reset: OffsetReset) -> Self {
+        let pos = match start {
+            StartPosition::Offset(o) => ModelPos::At(o),
+            StartPosition::Earliest => ModelPos::Unresolved(-2),
+            StartPosition::Latest => ModelPos::Unresolved(-1),
+            StartPosition::Timestamp(ts) => ModelPos::Unresolved(ts.max(0)),
+        };
+        Self {
+            generation,
+            pos,
+            failed: false,
+            paused: false,
+            reset,
+        }
+    }
+}
+
+/// A Fetch sent and not answered yet, with what the model knew of each partition then.
+struct FetchOut {
+    plan: crate::proto::fetch::FetchPlan,
+    /// `(partition, topic id, generation, fetch offset)` in request order.
+    entries: Vec<(TopicPartition, Uuid, u64, i64)>,
+}
+
+/// A ListOffsets sent and not answered yet.
+struct ListOut {
+    plan: crate::proto::fetch::ListPlan,
+    /// `(partition, generation)`.
+    entries: Vec<(TopicPartition, u64)>,
+}
+
+/// Error codes the fetch path treats differently, then any byte as a code.
+fn fetch_code(b: u8) -> i16 {
+    const CODES: [i16; 20] = [
+        0, 0, 0, 0, 0, 0, 1, 1, 6, 74, 100, 3, 75, 78, 29, 2, 7, 56, 103, -1,
+    ];
+    CODES
+        .get(usize::from(b))
+        .copied()
+        .unwrap_or(i16::from(b as i8))
+}
+
+fn start_position(r: &mut Bytes8<'_>) -> StartPosition {
+    match r.u8() % 6 {
+        0 => StartPosition::Earliest,
+        1 => StartPosition::Latest,
+        2 => StartPosition::Timestamp(i64::from(r.u8() as i8) * 1000),
+        _ => StartPosition::Offset(i64::from(r.u8())),
+    }
+}
+
+/// Partitions chosen by a 9-bit mask read from two bytes.
+fn fetch_partitions(r: &mut Bytes8<'_>) -> Vec<TopicPartition> {
+    let mask = u16::from(r.u8()) | (u16::from(r.u8() & 1) << 8);
+    (0..9u8)
+        .filter(|i| mask & (1 << i) != 0)
+        .map(fetch_tp)
+        .collect()
+}
+
+/// A partition's `records` field: absent, empty, garbage, or record batches built with
+/// kafka-protocol's encoder from about `at` on (below, at or above it; plain, transactional or
+/// control batches, gaps between them), the last one possibly cut short or a byte corrupted.
+fn fetch_records(r: &mut Bytes8<'_>, at: i64) -> Option<Bytes> {
+    use kafka_protocol::records::{
+        Compression, Record as KpRecord, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+    match r.u8() % 8 {
+        0 => return None,
+        1 => return Some(Bytes::new()),
+        2 => return Some(r.bytes()),
+        _ => {}
+    }
+    let mut base = match r.u8() % 8 {
+        0 => at - i64::from(r.u8() % 8),
+        1 => at + i64::from(r.u8() % 8),
+        _ => at,
+    };
+    let mut buf = bytes::BytesMut::new();
+    for _ in 0..1 + r.u8() % 3 {
+        let flags = r.u8();
+        let count = 1 + i64::from(flags % 3);
+        let control = flags & 0x10 != 0;
+        let transactional = control || flags & 0x20 != 0;
+        let producer_id = if transactional {
+            i64::from(flags >> 6)
+        } else {
+            -1
+        };
+        let records: Vec<KpRecord> = (0..count)
+            .map(|k| KpRecord {
+                transactional,
+                control,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id,
+                producer_epoch: if transactional { 0 } else { -1 },
+                timestamp_type: TimestampType::Creation,
+                offset: base + k,
+                sequence: k as i32,
+                timestamp: 1_700_000_000_000 + base + k,
+                // A control record's key: version 0, type abort (0) or commit (1).
+                key: control.then(|| Bytes::copy_from_slice(&[0, 0, 0, flags >> 7])),
+                value: Some(if control {
+                    Bytes::from_static(&[0, 0, 0, 0, 0, 0])
+                } else {
+                    Bytes::from_static(b"v")
+                }),
+                headers: Default::default(),
+            })
+            .collect();
+        let options = RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        };
+        if RecordBatchEncoder::encode(&mut buf, records.iter(), &options).is_err() {
+            return Some(Bytes::new());
+        }
+        // Compaction leaves gaps.
+        base += count + i64::from((flags >> 2) & 3);
+    }
+    let damage = r.u8();
+    match damage % 8 {
+        0 => {
+            let cut = 1 + usize::from(damage / 8);
+            buf.truncate(buf.len().saturating_sub(cut));
+        }
+        1 if !buf.is_empty() => {
+            let i = usize::from(r.u8()) * 3 % buf.len();
+            buf[i] ^= 1 + (damage >> 3);
+        }
+        _ => {}
+    }
+    Some(buf.freeze())
+}
+
+/// Drives the fetch state machine (`FetchState`) the way the network loop does, with events read
+/// from the input: assignments (replace, add, remove; start offsets, earliest, latest, by
+/// timestamp; restored or not), seeks, pauses, time passing, metadata changes (leaders moving
+/// between nodes 0..=2, none, an unknown node; topic ids changing; topics disappearing),
+/// ListOffsets and Fetch plans and their answers in any order (any error code, any offset,
+/// partitions left out or not asked for, record batches at, below or above the fetch offset,
+/// cut short or corrupted, garbage, transport errors), the consumer failing a partition, and
+/// the consumer decoding the chunks handed out.
+///
+/// Checks against a model of every partition: at most one Fetch per leader and a partition in
+/// at most one request; requests only for assigned, unpaused, resolved partitions, at the
+/// model's position, to the leader and topic id the metadata names, within the memory budget;
+/// a chunk only for an assigned partition of its current generation that has not failed,
+/// starting exactly where the previous one of that generation ended (the position changes
+/// otherwise only through ListOffsets: a start position, or `auto.offset.reset` after
+/// OFFSET_OUT_OF_RANGE); records handed out within `[fetch_offset, next_offset)`; and a chunk's
+/// bytes a prefix of what the response carried for that partition.
+pub fn fetch_session(data: &[u8]) {
+    use kafka_protocol::messages::fetch_response::{
+        AbortedTransaction, FetchableTopicResponse, PartitionData,
+    };
+    use kafka_protocol::messages::list_offsets_response::{
+        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+    };
+    use kafka_protocol::messages::{ListOffsetsResponse, ProducerId};
+    use std::collections::{BTreeMap, HashMap, VecDeque};
+
+    /// Bytes fetched and not yet decoded, plus bytes reserved by fetches out, at most.
+    const BUDGET: usize = 10_000;
+
+    let mut r = Bytes8(data);
+    let setup = r.u8();
+    let policies = [
+        OffsetReset::Earliest,
+        OffsetReset::Latest,
+        OffsetReset::Error,
+    ];
+    let isolation = if setup & 0x80 != 0 {
+        IsolationLevel::ReadCommitted
+    } else {
+        IsolationLevel::ReadUncommitted
+    };
+    let cfg = FetchConfig {
+        max_wait_ms: 500,
+        min_bytes: 1,
+        max_bytes: 4096,
+        partition_max_bytes: 1024,
+        isolation,
+        reset: policies[usize::from(setup % 3)],
+        restore_reset: policies[usize::from(setup / 3 % 3)],
+        retry_backoff: Duration::from_millis(100),
+    };
+    let mut f = FetchState::new(cfg.clone());
+    let mut cluster = Cluster::new();
+    let mut meta = Metadata::default();
+    let _ = meta.handle_response(&cluster.response(0));
+    let mut now = Instant::now();
+    let mut model: BTreeMap<TopicPartition, ModelPart> = BTreeMap::new();
+    let mut next_generation = 0u64;
+    // The loop's bookkeeping.
+    let mut busy: HashSet<i32> = HashSet::new();
+    let mut reserved = 0usize;
+    let mut buffered = 0usize;
+    let mut fetches: Vec<FetchOut> = Vec::new();
+    let mut lists: Vec<ListOut> = Vec::new();
+    // Partitions in a request out (Fetch or ListOffsets).
+    let mut out: HashSet<TopicPartition> = HashSet::new();
+    // The consumer's queue: chunks handed out and not decoded to their end, with their range
+    // and the position decoding reached.
+    let mut queue: VecDeque<(crate::proto::chunk::ChunkCursor, i64, i64, i64)> = VecDeque::new();
+
+    let mut steps = 0;
+    while !r.done() && steps < 1000 {
+        steps += 1;
+        match r.u8() % 16 {
+            0..=2 => {
+                // The loop's turn: ListOffsets first, then one Fetch per idle leader within the
+                // budget.
+                // In node order, entries in partition order: the machine's come from hash maps,
+                // and an input must replay the same way.
+                let mut planned = f.plan_list_offsets(now, &meta);
+                planned.sort_by_key(|p| p.node);
+                for plan in planned {
+                    let req = f.list_offsets_request(&plan);
+                    let mut entries = Vec::new();
+                    for t in &req.topics {
+                        for p in &t.partitions {
+                            let tp = TopicPartition::new(t.name.0.as_str(), p.partition_index);
+                            let m = model
+                                .get(&tp)
+                                .expect("ListOffsets for an unassigned partition");
+                            assert!(!m.paused && !m.failed, "ListOffsets for {tp}: {m:?}");
+                            assert_eq!(
+                                m.pos,
+                                ModelPos::Unresolved(p.timestamp),
+                                "ListOffsets for {tp}"
+                            );
+                            let leader = meta.leader(&tp.topic, tp.partition);
+                            assert_eq!(
+                                leader.map(|l| (l.node, l.epoch)),
+                                Some((plan.node, p.current_leader_epoch)),
+                                "ListOffsets for {tp} not to its leader"
+                            );
+                            assert!(out.insert(tp.clone()), "{tp} in two requests");
+                            entries.push((tp, m.generation));
+                        }
+                    }
+                    assert!(!entries.is_empty(), "an empty ListOffsets");
+                    entries.sort();
+                    lists.push(ListOut { plan, entries });
+                }
+                let budget = BUDGET.saturating_sub(buffered).saturating_sub(reserved);
+                if budget == 0 {
+                    continue;
+                }
+                let mut planned = 0usize;
+                for plan in f.plan_fetches(now, &meta, &busy, budget) {
+                    assert!(
+                        busy.insert(plan.node),
+                        "a second fetch to node {}",
+                        plan.node
+                    );
+                    let max_bytes = usize::try_from(plan.max_bytes).expect("max_bytes >= 0");
+                    assert!(max_bytes > 0 && max_bytes <= cfg.max_bytes as usize);
+                    planned += max_bytes;
+                    reserved += max_bytes;
+                    let by_name = FetchState::fetch_request(&cfg, &plan, 12);
+                    let by_id = FetchState::fetch_request(&cfg, &plan, 13);
+                    let names = by_name
+                        .topics
+                        .iter()
+                        .flat_map(|t| t.partitions.iter().map(move |p| (t.topic.0.as_str(), p)));
+                    let ids = by_id
+                        .topics
+                        .iter()
+                        .flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, p)));
+                    let mut entries = Vec::new();
+                    for ((name, p), (id, q)) in names.zip(ids) {
+                        assert_eq!((p.partition, p.fetch_offset), (q.partition, q.fetch_offset));
+                        let tp = TopicPartition::new(name, p.partition);
+                        let m = model.get(&tp).expect("a fetch for an unassigned partition");
+                        assert!(!m.paused && !m.failed, "a fetch for {tp}: {m:?}");
+                        assert_eq!(
+                            m.pos,
+                            ModelPos::At(p.fetch_offset),
+                            "a fetch for {tp} off its position"
+                        );
+                        let leader = meta.leader(&tp.topic, tp.partition);
+                        assert_eq!(
+                            leader.map(|l| (l.node, l.epoch)),
+                            Some((plan.node, p.current_leader_epoch)),
+                            "a fetch for {tp} not to its leader"
+                        );
+                        assert_eq!(
+                            meta.topic(&tp.topic).map(|t| t.id),
+                            Some(id),
+                            "a fetch for {tp} under another topic id"
+                        );
+                        assert!(out.insert(tp.clone()), "{tp} in two requests");
+                        entries.push((tp, id, m.generation, p.fetch_offset));
+                    }
+                    assert!(!entries.is_empty(), "an empty fetch");
+                    fetches.push(FetchOut { plan, entries });
+                }
+                assert!(
+                    planned <= budget,
+                    "fetches for {planned} bytes within {budget}"
+                );
+            }
+            3 | 4 => {
+                // A ListOffsets answer (any of those out).
+                if lists.is_empty() {
+                    continue;
+                }
+                let ListOut { plan, entries } =
+                    lists.swap_remove(usize::from(r.u8()) % lists.len());
+                for (tp, _) in &entries {
+                    out.remove(tp);
+                }
+                let result = if r.u8() % 8 == 0 {
+                    Err(transport_error())
+                } else {
+                    let mut asked: Vec<TopicPartition> =
+                        entries.iter().map(|e| e.0.clone()).collect();
+                    if r.u8() % 4 == 0 {
+                        asked.push(fetch_tp(r.u8()));
+                    }
+                    let mut topics: Vec<ListOffsetsTopicResponse> = Vec::new();
+                    for tp in asked {
+                        if r.u8() % 8 == 0 {
+                            continue;
+                        }
+                        let offset = match r.u8() % 4 {
+                            0 => i64::from(r.u8() as i8),
+                            _ => i64::from(r.u8()),
+                        };
+                        let p = ListOffsetsPartitionResponse::default()
+                            .with_partition_index(tp.partition)
+                            .with_error_code(fetch_code(r.u8()))
+                            .with_offset(offset);
+                        match topics.iter_mut().find(|t| t.name.0.as_str() == &*tp.topic) {
+                            Some(t) => t.partitions.push(p),
+                            None => topics.push(
+                                ListOffsetsTopicResponse::default()
+                                    .with_name(topic_name(&tp.topic))
+                                    .with_partitions(vec![p]),
+                            ),
+                        }
+                    }
+                    Ok(ListOffsetsResponse::default().with_topics(topics))
+                };
+                // What the answer does to each partition still waiting for it, found the way the
+                // machine finds it (the first matching entry).
+                if let Ok(resp) = &result {
+                    for (tp, generation) in &entries {
+                        let Some(m) = model.get_mut(tp) else { continue };
+                        if m.generation != *generation || m.failed {
+                            continue;
+                        }
+                        let ModelPos::Unresolved(_) = m.pos else {
+                            continue;
+                        };
+                        let found = resp
+                            .topics
+                            .iter()
+                            .filter(|t| t.name.0.as_str() == &*tp.topic)
+                            .flat_map(|t| t.partitions.iter())
+                            .find(|p| p.partition_index == tp.partition);
+                        if let Some(p) = found
+                            && p.error_code == 0
+                        {
+                            m.pos = if p.offset < 0 {
+                                ModelPos::Unresolved(-1)
+                            } else {
+                                ModelPos::At(p.offset)
+                            };
+                        }
+                    }
+                }
+                let outcome = f.handle_list_offsets(plan, result, now);
+                for event in outcome.events {
+                    match event {
+                        FetchEvent::Chunk(c) => panic!("a chunk from ListOffsets: {c:?}"),
+                        FetchEvent::Failed { tp, generation, .. } => {
+                            let m = model
+                                .get_mut(&tp)
+                                .expect("a failure of an unassigned partition");
+                            assert_eq!(
+                                m.generation, generation,
+                                "{tp} failed in an old generation"
+                            );
+                            m.failed = true;
+                        }
+                    }
+                }
+            }
+            5..=7 => {
+                // A Fetch answer (any of those out).
+                if fetches.is_empty() {
+                    continue;
+                }
+                let FetchOut { plan, entries } =
+                    fetches.swap_remove(usize::from(r.u8()) % fetches.len());
+                busy.remove(&plan.node);
+                reserved -= plan.max_bytes as usize;
+                for e in &entries {
+                    out.remove(&e.0);
+                }
+                let kind = r.u8();
+                let mut sent: HashMap<TopicPartition, Bytes> = HashMap::new();
+                let mut sent_bytes = 0usize;
+                let result = if kind % 16 == 0 {
+                    // The loop forgets the leaders of a request that failed on the wire.
+                    for e in &entries {
+                        meta.invalidate_leader(&e.0.topic, e.0.partition);
+                    }
+                    Err(transport_error())
+                } else {
+                    let by_name = kind & 0x10 != 0;
+                    let mut responses = Vec::new();
+                    let mut answer =
+                        |tp: &TopicPartition, id: Uuid, at: i64, r: &mut Bytes8<'_>| {
+                            let records = fetch_records(r, at);
+                            let mut p = PartitionData::default()
+                                .with_partition_index(tp.partition)
+                                .with_error_code(fetch_code(r.u8()))
+                                .with_high_watermark(at + i64::from(r.u8() as i8))
+                                .with_last_stable_offset(at + i64::from(r.u8() as i8))
+                                .with_log_start_offset(i64::from(r.u8() as i8))
+                                .with_records(records.clone());
+                            if r.u8() % 4 == 0 {
+                                p.aborted_transactions = Some(
+                                    (0..r.u8() % 3)
+                                        .map(|_| {
+                                            AbortedTransaction::default()
+                                                .with_producer_id(ProducerId(i64::from(r.u8() % 4)))
+                                                .with_first_offset(at + i64::from(r.u8() as i8 % 8))
+                                        })
+                                        .collect(),
+                                );
+                            }
+                            sent_bytes += records.as_ref().map_or(0, Bytes::len);
+                            sent.insert(tp.clone(), records.unwrap_or_default());
+                            let topic = FetchableTopicResponse::default().with_partitions(vec![p]);
+                            responses.push(if by_name {
+                                topic.with_topic(topic_name(&tp.topic))
+                            } else {
+                                topic.with_topic_id(id)
+                            });
+                        };
+                    for (tp, id, _, offset) in &entries {
+                        if r.u8() % 8 != 0 {
+                            answer(tp, *id, *offset, &mut r);
+                        }
+                    }
+                    // A partition not asked for, under its current id or one nobody knows.
+                    if r.u8() % 4 == 0 {
+                        let tp = fetch_tp(r.u8());
+                        if entries.iter().all(|e| e.0 != tp) {
+                            let t = fetch_tp_index(&tp) / 3;
+                            let id = fetch_topic_id(t, cluster.ids[t].wrapping_add(r.u8() % 2));
+                            answer(&tp, id, 0, &mut r);
+                        }
+                    }
+                    Ok(FetchResponse::default()
+                        .with_error_code(if kind % 16 == 1 {
+                            fetch_code(r.u8())
+                        } else {
+                            0
+                        })
+                        .with_responses(responses))
+                };
+                // OFFSET_OUT_OF_RANGE for a partition still at the fetched position: the
+                // partition's policy applies (a reset goes through ListOffsets; `Error`
+                // reports the failure, checked with the events below).
+                if let Ok(resp) = &result
+                    && resp.error_code == 0
+                {
+                    for topic in &resp.responses {
+                        for p in &topic.partitions {
+                            if p.error_code != ResponseError::OffsetOutOfRange.code() {
+                                continue;
+                            }
+                            let entry = entries.iter().find(|(tp, id, _, _)| {
+                                tp.partition == p.partition_index
+                                    && if topic.topic_id.is_nil() {
+                                        *tp.topic == *topic.topic.0.as_str()
+                                    } else {
+                                        *id == topic.topic_id
+                                    }
+                            });
+                            let Some((tp, _, generation, offset)) = entry else {
+                                continue;
+                            };
+                            let Some(m) = model.get_mut(tp) else { continue };
+                            if m.generation != *generation
+                                || m.failed
+                                || m.pos != ModelPos::At(*offset)
+                            {
+                                continue;
+                            }
+                            match m.reset {
+                                OffsetReset::Earliest => m.pos = ModelPos::Unresolved(-2),
+                                OffsetReset::Latest => m.pos = ModelPos::Unresolved(-1),
+                                OffsetReset::Error => {}
+                            }
+                        }
+                    }
+                }
+                let outcome = f.handle_fetch(plan, result, now);
+                let mut handed = 0usize;
+                for event in outcome.events {
+                    match event {
+                        FetchEvent::Chunk(c) => {
+                            let m = model
+                                .get_mut(&c.tp)
+                                .expect("a chunk for an unassigned partition");
+                            assert_eq!(
+                                m.generation, c.generation,
+                                "a chunk of an old generation of {}",
+                                c.tp
+                            );
+                            assert!(!m.failed, "a chunk for failed {}: {c:?}", c.tp);
+                            assert!(
+                                entries.iter().any(|e| e.0 == c.tp
+                                    && e.2 == c.generation
+                                    && e.3 == c.fetch_offset),
+                                "a chunk this fetch did not ask for: {c:?}"
+                            );
+                            assert_eq!(
+                                m.pos,
+                                ModelPos::At(c.fetch_offset),
+                                "{} skipped or went back",
+                                c.tp
+                            );
+                            assert!(c.next_offset >= c.fetch_offset, "{c:?}");
+                            let whole = sent
+                                .get(&c.tp)
+                                .expect("a chunk for a partition not answered");
+                            assert!(
+                                whole.starts_with(&c.records),
+                                "a chunk's bytes are not the response's"
+                            );
+                            assert!(!c.records.is_empty(), "an empty chunk");
+                            handed += c.records.len();
+                            m.pos = ModelPos::At(c.next_offset);
+                            buffered += c.records.len();
+                            let (from, to) = (c.fetch_offset, c.next_offset);
+                            queue.push_back((
+                                crate::proto::chunk::ChunkCursor::new(c, isolation),
+                                from,
+                                to,
+                                from,
+                            ));
+                        }
+                        FetchEvent::Failed { tp, generation, .. } => {
+                            let m = model
+                                .get_mut(&tp)
+                                .expect("a failure of an unassigned partition");
+                            assert_eq!(
+                                m.generation, generation,
+                                "{tp} failed in an old generation"
+                            );
+                            m.failed = true;
+                        }
+                    }
+                }
+                assert!(
+                    handed <= sent_bytes,
+                    "{handed} bytes handed out from a response of {sent_bytes}"
+                );
+            }
+            8 => {
+                // Time passes, or the loop sleeps until the next retry.
+                if r.bool() {
+                    if let Some(t) = f.next_retry() {
+                        now = now.max(t);
+                    }
+                } else {
+                    now += Duration::from_millis(u64::from(r.u8()) * 10);
+                }
+            }
+            9 => {
+                // The cluster changes, and metadata (maybe) tells.
+                let b = r.u8();
+                match b % 4 {
+                    0 | 1 => {
+                        let i = usize::from(r.u8() % 9);
+                        cluster.leaders[i] = [-1, 0, 1, 2, 3][usize::from(r.u8() % 5)];
+                        cluster.epochs[i] += i32::from(b & 4 == 0);
+                    }
+                    2 => {
+                        let t = usize::from(r.u8() % 3);
+                        cluster.ids[t] = cluster.ids[t].wrapping_add(1);
+                    }
+                    _ => {
+                        let t = usize::from(r.u8() % 3);
+                        cluster.gone[t] = !cluster.gone[t];
+                    }
+                }
+                if b & 8 == 0 {
+                    let omit = if b & 16 == 0 { 0 } else { r.u8() };
+                    let _ = meta.handle_response(&cluster.response(omit));
+                }
+            }
+            10 => {
+                // A new assignment; partitions kept may keep their generation.
+                let restored = r.bool();
+                let mut list = Vec::new();
+                for tp in fetch_partitions(&mut r) {
+                    let start = start_position(&mut r);
+                    let generation = match model.get(&tp) {
+                        Some(m) if r.bool() => m.generation,
+                        _ => {
+                            next_generation += 1;
+                            next_generation
+                        }
+                    };
+                    list.push((tp, start, generation));
+                }
+                f.assign(list.clone(), restored);
+                let reset = if restored {
+                    cfg.restore_reset
+                } else {
+                    cfg.reset
+                };
+                let mut old = std::mem::take(&mut model);
+                for (tp, start, generation) in list {
+                    let part = match old.remove(&tp) {
+                        Some(m) if m.generation == generation => m,
+                        _ => ModelPart::new(start, generation, reset),
+                    };
+                    model.insert(tp, part);
+                }
+            }
+            11 => {
+                // Partitions added (subscribe mode), or given up.
+                if r.bool() {
+                    let restored = r.bool();
+                    let reset = if restored {
+                        cfg.restore_reset
+                    } else {
+                        cfg.reset
+                    };
+                    let mut list = Vec::new();
+                    for tp in fetch_partitions(&mut r) {
+                        next_generation += 1;
+                        let start = start_position(&mut r);
+                        model.insert(tp.clone(), ModelPart::new(start, next_generation, reset));
+                        list.push((tp, start, next_generation));
+                    }
+                    f.add(list, restored);
+                } else {
+                    let tps = fetch_partitions(&mut r);
+                    f.unassign(&tps);
+                    for tp in &tps {
+                        model.remove(tp);
+                    }
+                }
+            }
+            12 => {
+                let tp = fetch_tp(r.u8());
+                let start = start_position(&mut r);
+                next_generation += 1;
+                let done = f.seek(&tp, start, next_generation);
+                assert_eq!(done, model.contains_key(&tp), "seek of {tp}");
+                if let Some(m) = model.get_mut(&tp) {
+                    let paused = m.paused;
+                    *m = ModelPart::new(start, next_generation, cfg.reset);
+                    m.paused = paused;
+                }
+            }
+            13 => {
+                let tp = fetch_tp(r.u8());
+                let paused = r.bool();
+                f.set_paused(&tp, paused);
+                if let Some(m) = model.get_mut(&tp) {
+                    m.paused = paused;
+                }
+            }
+            14 => {
+                // The consumer fails a partition (corrupt data), in this generation or another.
+                let tp = fetch_tp(r.u8());
+                let b = r.u8();
+                let generation = match model.get(&tp) {
+                    Some(m) if b & 1 == 0 => m.generation,
+                    _ => u64::from(b >> 1),
+                };
+                f.fail(&tp, generation);
+                if let Some(m) = model.get_mut(&tp)
+                    && m.generation == generation
+                {
+                    m.failed = true;
+                }
+            }
+            _ => {
+                // The consumer decodes the next piece of the oldest chunk, as `poll` does;
+                // chunks of partitions no longer assigned in that generation are dropped.
+                let Some((mut cursor, from, to, position)) = queue.pop_front() else {
+                    continue;
+                };
+                let current = model
+                    .get(&cursor.tp)
+                    .is_some_and(|m| m.generation == cursor.generation);
+                if !current {
+                    buffered -= cursor.raw_len;
+                    continue;
+                }
+                let piece = cursor.next_piece(1 << 16, 64);
+                for rec in &piece.records {
+                    assert!(
+                        (from..to).contains(&rec.offset),
+                        "record {} of {} handed out from a chunk of [{from}, {to})",
+                        rec.offset,
+                        cursor.tp
+                    );
+                }
+                assert!(
+                    piece.next_offset >= position && piece.next_offset <= to,
+                    "piece position {} after {position} in [{from}, {to})",
+                    piece.next_offset
+                );
+                if piece.error.is_some() {
+                    // Command::Fail.
+                    f.fail(&cursor.tp, cursor.generation);
+                    if let Some(m) = model.get_mut(&cursor.tp) {
+                        m.failed = true;
+                    }
+                }
+                if cursor.is_done() {
+                    buffered -= cursor.raw_len;
+                } else {
+                    let at = piece.next_offset;
+                    queue.push_front((cursor, from, to, at));
+                }
+            }
+        }
+        // The machine agrees with the model on what is assigned, and asks for metadata exactly
+        // while a partition it would fetch has no leader.
+        for i in 0..9 {
+            let tp = fetch_tp(i);
+            assert_eq!(
+                f.is_assigned(&tp),
+                model.contains_key(&tp),
+                "{tp} assigned?"
+            );
+        }
+        let missing = model.iter().any(|(tp, m)| {
+            !m.paused && !m.failed && meta.leader(&tp.topic, tp.partition).is_none()
+        });
+        assert_eq!(f.needs_metadata(&meta), missing, "needs_metadata");
+    }
+}

@@ -66,7 +66,6 @@ struct PartitionState {
     /// The offset this generation started at, once resolved.
     start: Option<i64>,
     paused: bool,
-    in_flight: bool,
     retry_at: Option<Instant>,
     failures: u32,
     /// Put this partition first in its next fetch: its next batch did not fit.
@@ -88,7 +87,6 @@ impl PartitionState {
             generation,
             start,
             paused: false,
-            in_flight: false,
             retry_at: None,
             failures: 0,
             first: false,
@@ -98,8 +96,9 @@ impl PartitionState {
         }
     }
 
+    /// Not paused and not backing off (whether it is in a request is the caller's to check).
     fn ready(&self, now: Instant) -> bool {
-        !self.paused && !self.in_flight && self.retry_at.is_none_or(|t| t <= now)
+        !self.paused && self.retry_at.is_none_or(|t| t <= now)
     }
 
     fn back_off(&mut self, now: Instant, base: Duration) {
@@ -182,6 +181,11 @@ pub(crate) struct Outcome {
 pub(crate) struct FetchState {
     cfg: Arc<FetchConfig>,
     parts: HashMap<TopicPartition, PartitionState>,
+    /// Partitions in a request not answered yet, whatever their generation and even if no
+    /// longer assigned: a partition assigned again (or re-assigned under a new generation)
+    /// while its old request is out waits for that request, and the old answer releases the
+    /// partition, not a newer request's.
+    in_flight: HashSet<TopicPartition>,
     /// Rotates the order of partitions in requests, so none is always last.
     rotation: usize,
 }
@@ -191,6 +195,7 @@ impl FetchState {
         Self {
             cfg: Arc::new(cfg),
             parts: HashMap::new(),
+            in_flight: HashSet::new(),
             rotation: 0,
         }
     }
@@ -253,10 +258,8 @@ impl FetchState {
         let Some(s) = self.parts.get_mut(tp) else {
             return false;
         };
-        let in_flight = s.in_flight;
         let paused = s.paused;
         *s = PartitionState::new(start, generation, reset);
-        s.in_flight = in_flight;
         s.paused = paused;
         true
     }
@@ -294,9 +297,9 @@ impl FetchState {
     /// The earliest time a backed-off partition becomes ready again.
     pub(crate) fn next_retry(&self) -> Option<Instant> {
         self.parts
-            .values()
-            .filter(|s| !s.in_flight)
-            .filter_map(|s| s.retry_at)
+            .iter()
+            .filter(|(tp, _)| !self.in_flight.contains(*tp))
+            .filter_map(|(_, s)| s.retry_at)
             .min()
     }
 
@@ -316,7 +319,7 @@ impl FetchState {
             let Position::Unresolved(start) = s.position else {
                 continue;
             };
-            if !s.ready(now) {
+            if !s.ready(now) || self.in_flight.contains(tp) {
                 continue;
             }
             let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
@@ -328,7 +331,7 @@ impl FetchState {
                 StartPosition::Timestamp(ts) => ts.max(0),
                 StartPosition::Offset(_) => continue,
             };
-            s.in_flight = true;
+            self.in_flight.insert(tp.clone());
             by_node.entry(leader.node).or_default().push(ListEntry {
                 tp: tp.clone(),
                 generation: s.generation,
@@ -387,13 +390,15 @@ impl FetchState {
         };
         for entry in plan.entries {
             let retry_backoff = self.cfg.retry_backoff;
+            self.in_flight.remove(&entry.tp);
             let Some(s) = self.current(&entry.tp, entry.generation) else {
-                if let Some(s) = self.parts.get_mut(&entry.tp) {
-                    s.in_flight = false;
-                }
                 continue;
             };
-            s.in_flight = false;
+            if !matches!(s.position, Position::Unresolved(_)) {
+                // Failed meanwhile (the consumer found corrupt data): it stays stopped until a
+                // seek.
+                continue;
+            }
             let found = resp
                 .topics
                 .iter()
@@ -462,7 +467,7 @@ impl FetchState {
             let Position::Fetching(offset) = s.position else {
                 continue;
             };
-            if !s.ready(now) {
+            if !s.ready(now) || self.in_flight.contains(tp) {
                 continue;
             }
             let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
@@ -502,9 +507,7 @@ impl FetchState {
             budget -= max_bytes;
             let entries: Vec<FetchEntry> = entries.into_iter().map(|(_, e)| e).collect();
             for e in &entries {
-                if let Some(s) = self.parts.get_mut(&e.tp) {
-                    s.in_flight = true;
-                }
+                self.in_flight.insert(e.tp.clone());
             }
             plans.push(FetchPlan {
                 node,
@@ -571,11 +574,11 @@ impl FetchState {
     ) {
         let backoff = self.cfg.retry_backoff;
         for (tp, generation) in entries {
-            if let Some(s) = self.parts.get_mut(tp) {
-                s.in_flight = false;
-                if s.generation == generation {
-                    s.back_off(now, backoff);
-                }
+            self.in_flight.remove(tp);
+            if let Some(s) = self.parts.get_mut(tp)
+                && s.generation == generation
+            {
+                s.back_off(now, backoff);
             }
         }
     }
@@ -595,9 +598,7 @@ impl FetchState {
     ) -> Outcome {
         let mut out = Outcome::default();
         for e in &plan.entries {
-            if let Some(s) = self.parts.get_mut(&e.tp) {
-                s.in_flight = false;
-            }
+            self.in_flight.remove(&e.tp);
         }
         let resp = match result {
             Ok(r) => r,
@@ -1069,6 +1070,93 @@ mod tests {
         assert_eq!(
             f.list_offsets_request(&plan).topics[0].partitions[0].timestamp,
             -1
+        );
+    }
+
+    fn list_answer(p: i32, offset: i64) -> Result<ListOffsetsResponse, Error> {
+        Ok(ListOffsetsResponse::default().with_topics(vec![
+            ListOffsetsTopicResponse::default()
+                .with_name(topic_name("t"))
+                .with_partitions(vec![
+                    ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p)
+                        .with_offset(offset),
+                ]),
+        ]))
+    }
+
+    /// A partition the consumer failed (corrupt data in a chunk handed out earlier) while an
+    /// offset reset's ListOffsets was out stays failed: the answer used to set its position,
+    /// and fetching resumed after the failure had been reported.
+    #[test]
+    fn a_list_offsets_answer_does_not_restart_a_failed_partition() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Earliest));
+        f.assign(vec![(tp(0), StartPosition::Offset(10), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        let out = f.handle_fetch(plan, response(vec![data(0, batches(10, 2))]), now);
+        assert_eq!(chunks(&out).len(), 1);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        f.handle_fetch(
+            plan,
+            response(vec![error(0, ResponseError::OffsetOutOfRange)]),
+            now,
+        );
+        let list = single(f.plan_list_offsets(now, &m));
+        // The consumer decodes the first chunk and finds a corrupt batch.
+        f.fail(&tp(0), 1);
+        let out = f.handle_list_offsets(list, list_answer(0, 0), now);
+        assert!(out.events.is_empty());
+        assert!(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20).is_empty());
+        assert!(f.plan_list_offsets(now, &m).is_empty());
+        // A seek restarts it.
+        f.seek(&tp(0), StartPosition::Offset(0), 2);
+        assert_eq!(
+            single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20)).entries[0].offset,
+            0
+        );
+    }
+
+    /// A partition given up and assigned again (or assigned under a new generation) while its
+    /// fetch is out waits for that fetch. The stale answer used to clear the new generation's
+    /// in-flight mark, so a second ListOffsets went out for the same generation, and its late
+    /// answer moved the position back after records had been handed out.
+    #[test]
+    fn a_partition_assigned_again_waits_for_its_old_request() {
+        let now = Instant::now();
+        let m = meta();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(0), 1)], false);
+        let old = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        f.unassign(&[tp(0)]);
+        f.add(vec![(tp(0), StartPosition::Earliest, 2)], false);
+        assert!(
+            f.plan_list_offsets(now, &m).is_empty(),
+            "the old fetch is still out"
+        );
+        let out = f.handle_fetch(old, response(vec![data(0, batches(0, 5))]), now);
+        assert!(
+            out.events.is_empty(),
+            "the old generation's data is dropped"
+        );
+        let list = single(f.plan_list_offsets(now, &m));
+        // Re-assigned under yet another generation while the ListOffsets is out: still one
+        // request at a time.
+        f.assign(vec![(tp(0), StartPosition::Earliest, 3)], false);
+        assert!(f.plan_list_offsets(now, &m).is_empty(), "two ListOffsets");
+        f.handle_list_offsets(list, list_answer(0, 7), now);
+        let list = single(f.plan_list_offsets(now, &m));
+        assert!(f.plan_list_offsets(now, &m).is_empty(), "two ListOffsets");
+        f.handle_list_offsets(list, list_answer(0, 0), now);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        assert_eq!((plan.entries[0].offset, plan.entries[0].generation), (0, 3));
+        let out = f.handle_fetch(plan, response(vec![data(0, batches(0, 3))]), now);
+        assert_eq!(chunks(&out)[0].next_offset, 3);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 1 << 20));
+        assert_eq!(
+            plan.entries[0].offset, 3,
+            "the position stays where the data left it"
         );
     }
 
