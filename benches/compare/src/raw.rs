@@ -17,8 +17,8 @@ use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, FetchRequest, FetchResponse, FindCoordinatorRequest, GroupId,
-    OffsetCommitRequest, RequestHeader, ResponseHeader, TopicName,
+    BrokerId, FetchRequest, FindCoordinatorRequest, GroupId, OffsetCommitRequest, RequestHeader,
+    ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 
@@ -49,25 +49,20 @@ pub(crate) fn consume(
 ) -> Result<Fetched, String> {
     let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
     let started = Instant::now();
-    let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| e.to_string())?;
+    let mut stream = connect(addr)?;
     let mut offsets = vec![0i64; partitions as usize];
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut first = None;
     let mut correlation_id = 0;
-    let mut frame = BytesMut::new();
     while records < want {
         if started.elapsed() > CHILD_DEADLINE {
             return Err(format!("only {records} of {want} records"));
         }
-        correlation_id += 1;
-        frame.clear();
-        encode_fetch(&mut frame, correlation_id, topic, &offsets)?;
-        stream.write_all(&frame).map_err(|e| format!("send: {e}"))?;
-        let response = read_response(&mut stream, correlation_id)?;
+        let request = fetch_request(topic, &offsets);
+        let response = round_trip(&mut stream, &mut correlation_id, &request, FETCH_VERSION)?;
+        if response.error_code != 0 {
+            return Err(format!("fetch error code {}", response.error_code));
+        }
         for t in &response.responses {
             for p in &t.partitions {
                 if p.error_code != 0 {
@@ -100,18 +95,8 @@ pub(crate) fn consume(
     })
 }
 
-/// Writes a size-prefixed Fetch request for every partition at its offset.
-fn encode_fetch(
-    frame: &mut BytesMut,
-    correlation_id: i32,
-    topic: &str,
-    offsets: &[i64],
-) -> Result<(), String> {
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::Fetch as i16)
-        .with_request_api_version(FETCH_VERSION)
-        .with_correlation_id(correlation_id)
-        .with_client_id(Some(StrBytes::from_static_str("compare-raw")));
+/// A Fetch request for every partition at its offset.
+fn fetch_request(topic: &str, offsets: &[i64]) -> FetchRequest {
     let partitions = offsets
         .iter()
         .enumerate()
@@ -125,7 +110,7 @@ fn encode_fetch(
                 .with_partition_max_bytes(1 << 20)
         })
         .collect();
-    let request = FetchRequest::default()
+    FetchRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_max_wait_ms(500)
         .with_min_bytes(1)
@@ -137,47 +122,7 @@ fn encode_fetch(
             FetchTopic::default()
                 .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
                 .with_partitions(partitions),
-        ]);
-    frame.extend_from_slice(&[0; 4]);
-    header
-        .encode(frame, FetchRequest::header_version(FETCH_VERSION))
-        .map_err(|e| format!("encode header: {e}"))?;
-    request
-        .encode(frame, FETCH_VERSION)
-        .map_err(|e| format!("encode fetch: {e}"))?;
-    let size = (frame.len() - 4) as i32;
-    frame[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(())
-}
-
-fn read_response(stream: &mut TcpStream, correlation_id: i32) -> Result<FetchResponse, String> {
-    let mut size = [0u8; 4];
-    stream
-        .read_exact(&mut size)
-        .map_err(|e| format!("receive: {e}"))?;
-    let size = i32::from_be_bytes(size);
-    if !(0..=(200 << 20)).contains(&size) {
-        return Err(format!("response size {size}"));
-    }
-    let mut body = vec![0u8; size as usize];
-    stream
-        .read_exact(&mut body)
-        .map_err(|e| format!("receive: {e}"))?;
-    let mut body = Bytes::from(body);
-    let header = ResponseHeader::decode(&mut body, FetchResponse::header_version(FETCH_VERSION))
-        .map_err(|e| format!("decode header: {e}"))?;
-    if header.correlation_id != correlation_id {
-        return Err(format!(
-            "correlation id {} for request {correlation_id}",
-            header.correlation_id
-        ));
-    }
-    let response = FetchResponse::decode(&mut body, FETCH_VERSION)
-        .map_err(|e| format!("decode fetch response: {e}"))?;
-    if response.error_code != 0 {
-        return Err(format!("fetch error code {}", response.error_code));
-    }
-    Ok(response)
+        ])
 }
 
 /// Walks the record batch headers of one partition's records: (records in whole batches, the
@@ -316,7 +261,7 @@ fn round_trip<Req: Request>(
         .read_exact(&mut size)
         .map_err(|e| format!("receive: {e}"))?;
     let size = i32::from_be_bytes(size);
-    if !(0..=(1 << 20)).contains(&size) {
+    if !(0..=(200 << 20)).contains(&size) {
         return Err(format!("response size {size}"));
     }
     let mut body = vec![0u8; size as usize];
