@@ -173,30 +173,41 @@ fn rdkafka_assignment(topic: &str, partitions: i32) -> Result<rdkafka::TopicPart
     Ok(tpl)
 }
 
+/// An rdkafka consumer of either kind, created from [`rdkafka_config`] and assigned partitions
+/// `0..partitions` of `topic` from the beginning.
+fn rdkafka_consumer<C>(bootstrap: &str, topic: &str, partitions: i32) -> Result<C, String>
+where
+    C: rdkafka::config::FromClientConfig + rdkafka::consumer::Consumer,
+{
+    let consumer: C = rdkafka_config(bootstrap)
+        .create()
+        .map_err(|e| e.to_string())?;
+    consumer
+        .assign(&rdkafka_assignment(topic, partitions)?)
+        .map_err(|e| e.to_string())?;
+    Ok(consumer)
+}
+
+/// Key + value bytes of an rdkafka message.
+fn rdkafka_len(m: &impl rdkafka::Message) -> usize {
+    m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)
+}
+
 fn rdkafka_base(
     bootstrap: &str,
     topic: &str,
     partitions: i32,
     want: u64,
 ) -> Result<Consumed, String> {
-    use rdkafka::Message as _;
-    use rdkafka::consumer::{BaseConsumer, Consumer as _};
-    let cfg = rdkafka_config(bootstrap);
     let started = Instant::now();
-    let consumer: BaseConsumer = cfg.create().map_err(|e| e.to_string())?;
-    consumer
-        .assign(&rdkafka_assignment(topic, partitions)?)
-        .map_err(|e| e.to_string())?;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka_consumer(bootstrap, topic, partitions)?;
     let mut c = Consumed::default();
     while c.records < want {
         if started.elapsed() > CHILD_DEADLINE {
             return Err(format!("only {} of {want} records", c.records));
         }
         match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => c.record(
-                started,
-                m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len),
-            ),
+            Some(Ok(m)) => c.record(started, rdkafka_len(&m)),
             Some(Err(e)) => return Err(e.to_string()),
             None => {}
         }
@@ -211,21 +222,13 @@ async fn rdkafka_stream(
     partitions: i32,
     want: u64,
 ) -> Result<Consumed, String> {
-    use rdkafka::Message as _;
-    use rdkafka::consumer::{Consumer as _, StreamConsumer};
-    let cfg = rdkafka_config(bootstrap);
     let started = Instant::now();
-    let consumer: StreamConsumer = cfg.create().map_err(|e| e.to_string())?;
-    consumer
-        .assign(&rdkafka_assignment(topic, partitions)?)
-        .map_err(|e| e.to_string())?;
+    let consumer: rdkafka::consumer::StreamConsumer =
+        rdkafka_consumer(bootstrap, topic, partitions)?;
     let mut c = Consumed::default();
     while c.records < want {
         let m = consumer.recv().await.map_err(|e| e.to_string())?;
-        c.record(
-            started,
-            m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len),
-        );
+        c.record(started, rdkafka_len(&m));
     }
     c.elapsed = started.elapsed();
     Ok(c)
