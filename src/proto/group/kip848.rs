@@ -636,16 +636,23 @@ mod tests {
         assert_eq!(m.owned().len(), 3);
     }
 
-    /// A partition missing from the new target is revoked first; the acknowledgement waits for
-    /// the application, then names only what is still owned.
-    #[test]
-    fn revokes_before_acknowledging() {
+    /// Joined, then an epoch-4 target without t-2: the revocation of t-2 is under way at the
+    /// returned instant.
+    fn revoking_t2() -> (ConsumerMember, Instant) {
         let now = Instant::now();
         let mut m = joined(now);
         let t = now + Duration::from_secs(1);
         let (seq, _) = heartbeat(&mut m, t);
         m.handle_heartbeat(seq, t, Ok(answer(4, Some(&[0, 1]))), &names);
         assert_eq!(m.take_events(), vec![GroupEvent::Revoke(vec![tp(2)])]);
+        (m, t)
+    }
+
+    /// A partition missing from the new target is revoked first; the acknowledgement waits for
+    /// the application, then names only what is still owned.
+    #[test]
+    fn revokes_before_acknowledging() {
+        let (mut m, t) = revoking_t2();
         assert!(
             m.owned().contains(&tp(2)),
             "owned until the application answers"
@@ -755,16 +762,11 @@ mod tests {
         assert_eq!(request.member_epoch, LEAVE_EPOCH);
     }
 
-    /// Closing in the middle of a revocation ends it: the revocation is forgotten, and neither a later subscription nor the application finishing the revocation
-    /// brings the member back.
+    /// Closing in the middle of a revocation ends it: the revocation is forgotten, and neither a
+    /// later subscription nor the application finishing the revocation brings the member back.
     #[test]
     fn close_is_final_even_while_revoking() {
-        let now = Instant::now();
-        let mut m = joined(now);
-        let t = now + Duration::from_secs(1);
-        let (seq, _) = heartbeat(&mut m, t);
-        m.handle_heartbeat(seq, t, Ok(answer(4, Some(&[0, 1]))), &names);
-        assert_eq!(m.take_events(), vec![GroupEvent::Revoke(vec![tp(2)])]);
+        let (mut m, t) = revoking_t2();
         assert!(matches!(m.close(), Some(GroupAction::ConsumerLeave { .. })));
         assert!(m.owned().is_empty());
         assert!(m.identity().is_none());
