@@ -1588,6 +1588,29 @@ fn fetch_records(r: &mut Bytes8<'_>, at: i64) -> Option<Bytes> {
     Some(buf.freeze())
 }
 
+/// A partition in a planned request: assigned, not paused or failed, at the model's `pos`, and
+/// sent to its leader at the leader's epoch (`sent_to`: node and epoch). Returns its model.
+fn check_planned<'a>(
+    model: &'a std::collections::BTreeMap<TopicPartition, ModelPart>,
+    meta: &Metadata,
+    tp: &TopicPartition,
+    sent_to: (i32, i32),
+    pos: ModelPos,
+    what: &str,
+) -> &'a ModelPart {
+    let m = model
+        .get(tp)
+        .unwrap_or_else(|| panic!("{what} for an unassigned partition {tp}"));
+    assert!(!m.paused && !m.failed, "{what} for {tp}: {m:?}");
+    assert_eq!(m.pos, pos, "{what} for {tp} off its position");
+    let leader = meta.leader(&tp.topic, tp.partition);
+    assert_eq!(
+        leader.map(|l| (l.node, l.epoch)),
+        Some(sent_to),
+        "{what} for {tp} not to its leader"
+    );
+    m
+}
 /// Drives the fetch state machine (`FetchState`) the way the network loop does, with events read
 /// from the input: assignments (replace, add, remove; start offsets, earliest, latest, by
 /// timestamp; restored or not), seeks, pauses, time passing, metadata changes (leaders moving
@@ -1676,20 +1699,13 @@ pub fn fetch_session(data: &[u8]) {
                     for t in &req.topics {
                         for p in &t.partitions {
                             let tp = TopicPartition::new(t.name.0.as_str(), p.partition_index);
-                            let m = model
-                                .get(&tp)
-                                .expect("ListOffsets for an unassigned partition");
-                            assert!(!m.paused && !m.failed, "ListOffsets for {tp}: {m:?}");
-                            assert_eq!(
-                                m.pos,
+                            let m = check_planned(
+                                &model,
+                                &meta,
+                                &tp,
+                                (plan.node, p.current_leader_epoch),
                                 ModelPos::Unresolved(p.timestamp),
-                                "ListOffsets for {tp}"
-                            );
-                            let leader = meta.leader(&tp.topic, tp.partition);
-                            assert_eq!(
-                                leader.map(|l| (l.node, l.epoch)),
-                                Some((plan.node, p.current_leader_epoch)),
-                                "ListOffsets for {tp} not to its leader"
+                                "ListOffsets",
                             );
                             assert!(out.insert(tp.clone()), "{tp} in two requests");
                             entries.push((tp, m.generation));
@@ -1728,18 +1744,13 @@ pub fn fetch_session(data: &[u8]) {
                     for ((name, p), (id, q)) in names.zip(ids) {
                         assert_eq!((p.partition, p.fetch_offset), (q.partition, q.fetch_offset));
                         let tp = TopicPartition::new(name, p.partition);
-                        let m = model.get(&tp).expect("a fetch for an unassigned partition");
-                        assert!(!m.paused && !m.failed, "a fetch for {tp}: {m:?}");
-                        assert_eq!(
-                            m.pos,
+                        let m = check_planned(
+                            &model,
+                            &meta,
+                            &tp,
+                            (plan.node, p.current_leader_epoch),
                             ModelPos::At(p.fetch_offset),
-                            "a fetch for {tp} off its position"
-                        );
-                        let leader = meta.leader(&tp.topic, tp.partition);
-                        assert_eq!(
-                            leader.map(|l| (l.node, l.epoch)),
-                            Some((plan.node, p.current_leader_epoch)),
-                            "a fetch for {tp} not to its leader"
+                            "Fetch",
                         );
                         assert_eq!(
                             meta.topic(&tp.topic).map(|t| t.id),
