@@ -1,6 +1,6 @@
 //! Fetch-path decode cost: a ~1 MiB `FetchResponse` (one partition, ~16 KiB batches of ~100-byte
 //! JSON-like values) per codec, checked by the structural guard, decoded from `Bytes`, split into
-//! batches, and every batch decoded into a reused `Vec<Record>`; and the guard alone. Throughput is counted in uncompressed record-batch bytes, the
+//! batches, and every batch decoded into reused `Records`; and the guard alone. Throughput is counted in uncompressed record-batch bytes, the
 //! same for every codec. kafka-protocol's own `RecordBatchDecoder` runs on the same bytes as a
 //! baseline (its lz4 and zstd are the C libraries).
 //!
@@ -21,7 +21,7 @@ use kafka_protocol::records::{
     Compression as KpCompression, Record as KpRecord, RecordBatchDecoder, RecordBatchEncoder,
     RecordEncodeOptions, TimestampType,
 };
-use kafka_source::Record;
+use kafka_source::Records;
 use kafka_source::records::{BatchIter, DecodeLimits, check_fetch_response, decode_batch};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
@@ -138,7 +138,7 @@ fn fetch_response(records: Bytes) -> Bytes {
 }
 
 /// The path under test: check the response's structure, decode it, split, decode every batch.
-fn decode_response(frame: &Bytes, out: &mut Vec<Record>) -> usize {
+fn decode_response(frame: &Bytes, out: &mut Records) -> usize {
     check_fetch_response(frame, FETCH_VERSION).unwrap();
     let response = FetchResponse::decode(&mut frame.clone(), FETCH_VERSION).unwrap();
     let limits = DecodeLimits::default();
@@ -179,7 +179,7 @@ fn bench(c: &mut Criterion) {
         let frame = fetch_response(records.clone());
         let batches = BatchIter::new(records.clone()).count();
 
-        let mut out = Vec::new();
+        let mut out = Records::new();
         assert_eq!(decode_response(&frame, &mut out), count);
         let before = allocations();
         decode_response(&frame, &mut out);
@@ -201,7 +201,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("fetch_decode");
     for (name, frame, plain) in &cases {
         group.throughput(Throughput::Bytes(*plain as u64));
-        let mut out = Vec::new();
+        let mut out = Records::new();
         group.bench_function(format!("kafka-source/{name}"), |b| {
             b.iter(|| black_box(decode_response(black_box(frame), &mut out)))
         });

@@ -31,4 +31,4 @@ pub use config::{
 pub use consumer::{Consumer, FetchStats};
 pub use error::{ApiContext, BrokerRef, ConfigError, Error, ProtocolViolation, Result};
 pub use rebalance::{RebalanceListener, Revocation};
-pub use types::{Batch, Record, StartPosition, TimestampType, TopicPartition};
+pub use types::{Batch, Record, RecordIter, Records, StartPosition, TimestampType, TopicPartition};

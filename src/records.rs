@@ -11,7 +11,7 @@
 //! # fn main() -> Result<(), kafka_source::ProtocolViolation> {
 //! let records = Bytes::new(); // a partition's `records` from a FetchResponse
 //! let mut position = 0;
-//! let mut out = Vec::new();
+//! let mut out = kafka_source::Records::new();
 //! let mut batches = BatchIter::new(records);
 //! for batch in &mut batches {
 //!     let batch = batch?;

@@ -63,10 +63,12 @@ pub enum TimestampType {
     LogAppendTime,
 }
 
-/// One Kafka record, with its key and value as zero-copy slices of the fetched bytes (or of the
-/// decompressed batch).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
+/// One Kafka record, borrowed from its [`Records`]: the key, value and headers are slices of the
+/// fetched bytes (or of the decompressed batch), so reading a record copies nothing and counts
+/// no references. [`key_bytes`](Self::key_bytes) and [`value_bytes`](Self::value_bytes) give
+/// owned zero-copy handles that outlive the batch.
+#[derive(Clone, Copy)]
+pub struct Record<'a> {
     /// The record's offset in its partition.
     pub offset: i64,
     /// Milliseconds since the Unix epoch.
@@ -74,31 +76,264 @@ pub struct Record {
     /// How the timestamp was set.
     pub timestamp_type: TimestampType,
     /// The key, `None` for a null key.
-    pub key: Option<Bytes>,
+    pub key: Option<&'a [u8]>,
     /// The value, `None` for a null value (a tombstone).
-    pub value: Option<Bytes>,
+    pub value: Option<&'a [u8]>,
     /// The leader epoch of the batch the record came in (-1 if unknown).
     pub leader_epoch: i32,
     /// The record's headers, still encoded; read them with [`Record::headers`].
-    pub(crate) headers: Bytes,
+    headers: &'a [u8],
     /// How many headers `headers` holds.
-    pub(crate) header_count: u32,
+    header_count: u32,
+    /// The buffer `key`, `value` and `headers` point into.
+    buffer: &'a Bytes,
 }
 
-impl Record {
+impl<'a> Record<'a> {
     /// The record's headers in order: name and value (`None` for a null value).
     ///
     /// The encoding was checked when the batch was decoded, so iteration yields exactly
     /// `header_count` entries.
-    pub fn headers(&self) -> impl Iterator<Item = (Bytes, Option<Bytes>)> + '_ {
-        crate::proto::records::HeaderIter::new(self.headers.clone(), self.header_count)
+    pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
+        crate::proto::records::HeaderIter::new(self.headers, self.header_count)
     }
 
     /// The number of headers.
     pub fn header_count(&self) -> usize {
         self.header_count as usize
     }
+
+    /// The key as an owned, zero-copy handle on the fetched bytes (it keeps them alive).
+    pub fn key_bytes(&self) -> Option<Bytes> {
+        self.key.map(|k| self.buffer.slice_ref(k))
+    }
+
+    /// The value as an owned, zero-copy handle on the fetched bytes (it keeps them alive).
+    pub fn value_bytes(&self) -> Option<Bytes> {
+        self.value.map(|v| self.buffer.slice_ref(v))
+    }
 }
+
+impl PartialEq for Record<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.offset == other.offset
+            && self.timestamp == other.timestamp
+            && self.timestamp_type == other.timestamp_type
+            && self.key == other.key
+            && self.value == other.value
+            && self.leader_epoch == other.leader_epoch
+            && self.header_count == other.header_count
+            && self.headers == other.headers
+    }
+}
+
+impl Eq for Record<'_> {}
+
+impl fmt::Debug for Record<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Record")
+            .field("offset", &self.offset)
+            .field("timestamp", &self.timestamp)
+            .field("timestamp_type", &self.timestamp_type)
+            .field("key", &self.key.map(Escaped))
+            .field("value", &self.value.map(Escaped))
+            .field("leader_epoch", &self.leader_epoch)
+            .field("header_count", &self.header_count)
+            .finish()
+    }
+}
+
+/// Bytes shown as a byte string literal.
+struct Escaped<'a>(&'a [u8]);
+
+impl fmt::Debug for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "b\"{}\"", self.0.escape_ascii())
+    }
+}
+
+/// A null key, value or header value in a [`Span`].
+const NULL_LEN: u32 = u32::MAX;
+
+/// Where a key, value or headers lie in their segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) start: u32,
+    /// [`NULL_LEN`] for null.
+    pub(crate) len: u32,
+}
+
+impl Span {
+    pub(crate) const NULL: Self = Self {
+        start: 0,
+        len: NULL_LEN,
+    };
+
+    pub(crate) fn get(self, buf: &[u8]) -> Option<&[u8]> {
+        if self.len == NULL_LEN {
+            return None;
+        }
+        let start = self.start as usize;
+        buf.get(start..start + self.len as usize)
+    }
+}
+
+/// One decoded record: 48 bytes, pointing into a segment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Entry {
+    pub(crate) offset: i64,
+    pub(crate) timestamp: i64,
+    pub(crate) segment: u32,
+    pub(crate) header_count: u32,
+    pub(crate) key: Span,
+    pub(crate) value: Span,
+    pub(crate) headers: Span,
+}
+
+/// The bytes of one record batch's records (decompressed if need be), and what its records
+/// share.
+#[derive(Clone, Debug)]
+pub(crate) struct Segment {
+    pub(crate) bytes: Bytes,
+    pub(crate) leader_epoch: i32,
+    pub(crate) timestamp_type: TimestampType,
+}
+
+/// Records in offset order, decoded into compact entries over the fetched (or decompressed)
+/// bytes they share. Iterate with `for record in &records` or [`iter`](Self::iter); each
+/// [`Record`] borrows from here.
+///
+/// Cloning copies the entries and shares the bytes.
+#[derive(Clone, Default)]
+pub struct Records {
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) segments: Vec<Segment>,
+}
+
+impl Records {
+    /// No records.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many records there are.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True if there are none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The record at `index`, `None` past the end.
+    pub fn get(&self, index: usize) -> Option<Record<'_>> {
+        self.entries.get(index).map(|e| self.view(e))
+    }
+
+    /// The first record.
+    pub fn first(&self) -> Option<Record<'_>> {
+        self.entries.first().map(|e| self.view(e))
+    }
+
+    /// The last record.
+    pub fn last(&self) -> Option<Record<'_>> {
+        self.entries.last().map(|e| self.view(e))
+    }
+
+    /// The records in offset order.
+    pub fn iter(&self) -> RecordIter<'_> {
+        RecordIter {
+            records: self,
+            inner: self.entries.iter(),
+        }
+    }
+
+    /// Drops every record; what they shared is released.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.segments.clear();
+    }
+
+    /// Moves `other`'s records after these.
+    pub fn append(&mut self, other: &mut Records) {
+        let base = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
+        self.entries.extend(other.entries.drain(..).map(|mut e| {
+            e.segment = e.segment.saturating_add(base);
+            e
+        }));
+        self.segments.append(&mut other.segments);
+    }
+
+    fn view<'a>(&'a self, e: &Entry) -> Record<'a> {
+        // Entries are only made together with their segment.
+        let seg = &self.segments[e.segment as usize];
+        let buf: &'a [u8] = &seg.bytes;
+        Record {
+            offset: e.offset,
+            timestamp: e.timestamp,
+            timestamp_type: seg.timestamp_type,
+            key: e.key.get(buf),
+            value: e.value.get(buf),
+            leader_epoch: seg.leader_epoch,
+            headers: e.headers.get(buf).unwrap_or_default(),
+            header_count: e.header_count,
+            buffer: &seg.bytes,
+        }
+    }
+}
+
+impl fmt::Debug for Records {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Records {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Records {}
+
+impl<'a> IntoIterator for &'a Records {
+    type Item = Record<'a>;
+    type IntoIter = RecordIter<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// An iterator over [`Records`].
+#[derive(Clone, Debug)]
+pub struct RecordIter<'a> {
+    records: &'a Records,
+    inner: std::slice::Iter<'a, Entry>,
+}
+
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = Record<'a>;
+
+    fn next(&mut self) -> Option<Record<'a>> {
+        self.inner.next().map(|e| self.records.view(e))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for RecordIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.inner.next_back().map(|e| self.records.view(e))
+    }
+}
+
+impl ExactSizeIterator for RecordIter<'_> {}
+
+impl std::iter::FusedIterator for RecordIter<'_> {}
 
 /// Records of one partition, in offset order, as handed out by `poll`.
 #[derive(Clone, Debug)]
@@ -107,7 +342,7 @@ pub struct Batch {
     pub partition: TopicPartition,
     /// The records, in offset order. May be empty only if the batch only moved the position
     /// (e.g. over transaction markers).
-    pub records: Vec<Record>,
+    pub records: Records,
     /// The next offset to read after this batch: what a commit of "everything up to here" stores.
     pub next_offset: i64,
 }

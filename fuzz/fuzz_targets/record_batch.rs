@@ -5,7 +5,7 @@ use kafka_source::records::{AbortedTransactions, BatchIter, DecodeLimits, decode
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let mut out = Vec::new();
+    let mut out = kafka_source::Records::new();
     let limits = DecodeLimits::new(1 << 20);
     let mut filter = AbortedTransactions::new([(1, 0), (2, 5)]);
     for batch in BatchIter::new(bytes::Bytes::copy_from_slice(data)) {

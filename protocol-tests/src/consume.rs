@@ -73,8 +73,8 @@ pub async fn drain(consumer: &mut Consumer, want: u64, timeout: Duration) -> Dra
         };
         let offsets = d.offsets.entry(batch.partition.clone()).or_default();
         for r in &batch.records {
-            let key = r.key.as_deref().unwrap_or_default();
-            let value = r.value.as_deref().unwrap_or_default();
+            let key = r.key.unwrap_or_default();
+            let value = r.value.unwrap_or_default();
             d.checksum = d.checksum.wrapping_add(record_checksum(key, value));
             d.bytes += (key.len() + value.len()) as u64;
             offsets.push(r.offset);

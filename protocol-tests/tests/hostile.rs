@@ -698,7 +698,7 @@ async fn expect_records(c: &mut Consumer, n: i64) {
         let batch = bounded("poll", c.poll()).await.unwrap();
         for r in &batch.records {
             assert_eq!(r.offset, next, "records in order, none lost or repeated");
-            assert_eq!(r.value.as_deref(), Some(format!("value-{next}").as_bytes()));
+            assert_eq!(r.value, Some(format!("value-{next}").as_bytes()));
             next += 1;
         }
     }

@@ -53,7 +53,7 @@ fn blocking_facade_pause_resume_seek() {
         .unwrap()
         .expect("p0 after resume");
     assert_eq!(b.partition, p0);
-    assert_eq!(b.records[0].offset, 0);
+    assert_eq!(b.records.first().unwrap().offset, 0);
 
     // Seek: the next p0 batch starts exactly there, whatever was buffered.
     c.seek(&p0, StartPosition::Offset(900)).unwrap();
@@ -193,7 +193,7 @@ async fn restore_out_of_range_follows_its_own_policy() {
         .await
         .expect("records in time")
         .unwrap();
-    assert_eq!(b.records[0].offset, 0);
+    assert_eq!(b.records.first().unwrap().offset, 0);
     c.close().await;
 
     // A state of a version this crate does not read is refused.

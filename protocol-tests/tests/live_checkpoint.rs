@@ -1170,8 +1170,8 @@ async fn transactional_topic_has_no_false_lag() {
             Err(_) => panic!("only {count} of {want} committed records within 60 s"),
         };
         for r in &batch.records {
-            let key = r.key.as_deref().unwrap_or_default();
-            let value = r.value.as_deref().unwrap_or_default();
+            let key = r.key.unwrap_or_default();
+            let value = r.value.unwrap_or_default();
             let i: u64 = std::str::from_utf8(key)
                 .ok()
                 .and_then(|k| k.parse().ok())

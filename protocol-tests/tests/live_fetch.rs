@@ -103,7 +103,9 @@ async fn start_positions() {
             c.assign([(tp.clone(), start)]);
             let pos = c.position(&tp).await.unwrap();
             let batch = tokio::time::timeout(Duration::from_secs(1), c.poll()).await;
-            let first = batch.ok().map(|b| b.unwrap().records[0].offset);
+            let first = batch
+                .ok()
+                .map(|b| b.unwrap().records.first().unwrap().offset);
             c.close().await;
             (pos, first)
         }

@@ -14,13 +14,13 @@ use crate::proto::fetch::Chunk;
 use crate::proto::records::{
     AbortedTransactions, BatchAction, BatchIter, Compression, DecodeLimits, decode_batch,
 };
-use crate::types::{Record, TopicPartition};
+use crate::types::{Entry, Records, TopicPartition};
 
 /// One piece of a chunk, ready to hand out.
 #[derive(Debug, Default)]
 pub(crate) struct Piece {
     /// Records for the application, in offset order.
-    pub(crate) records: Vec<Record>,
+    pub(crate) records: Records,
     /// Bytes of decompressed payload the records point into (0 for uncompressed data).
     pub(crate) decompressed_bytes: usize,
     /// The position once this piece is handed out.
@@ -105,27 +105,23 @@ impl ChunkCursor {
                     break;
                 }
             }
-            let start = p.records.len();
+            let start = p.records.entries.len();
             if let Err(v) = decode_batch(&batch, &DecodeLimits::new(limit), &mut p.records) {
                 self.fail(&mut p, v);
                 break;
             }
-            if header.compression().is_some_and(|c| c != Compression::None) {
-                p.decompressed_bytes += p.records[start..]
-                    .iter()
-                    .map(|r| {
-                        r.key.as_ref().map_or(0, |k| k.len())
-                            + r.value.as_ref().map_or(0, |v| v.len())
-                            + r.headers.len()
-                    })
-                    .sum::<usize>();
+            if header.compression().is_some_and(|c| c != Compression::None)
+                && p.records.entries.len() > start
+            {
+                // The records hold the whole decompressed payload.
+                p.decompressed_bytes += p.records.segments.last().map_or(0, |s| s.bytes.len());
             }
             if header.base_offset < self.fetch_offset {
-                let below = p.records[start..]
+                let below = p.records.entries[start..]
                     .iter()
                     .take_while(|r| r.offset < self.fetch_offset)
                     .count();
-                p.records.drain(start..start + below);
+                p.records.entries.drain(start..start + below);
             }
             self.position = self.position.max(next);
             if !p.records.is_empty() && p.decompressed_bytes + payload(&p.records) >= soft_cap {
@@ -144,8 +140,8 @@ impl ChunkCursor {
     }
 }
 
-/// Memory of the records themselves (their keys and values are counted elsewhere: the fetched
-/// chunk's bytes, or `decompressed_bytes`).
-fn payload(records: &[Record]) -> usize {
-    std::mem::size_of_val(records)
+/// Memory of the record entries themselves (their keys and values are counted elsewhere: the
+/// fetched chunk's bytes, or `decompressed_bytes`).
+fn payload(records: &Records) -> usize {
+    std::mem::size_of_val::<[Entry]>(&records.entries)
 }

@@ -144,7 +144,7 @@ async fn ours(
         for r in &batch.records {
             c.record(
                 started,
-                r.key.as_deref().map_or(0, <[u8]>::len) + r.value.as_deref().map_or(0, <[u8]>::len),
+                r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len),
             );
         }
     }
@@ -309,7 +309,7 @@ fn slow(args: &[String]) -> Result<String, String> {
             };
             let batch = batch.map_err(|e| e.to_string())?;
             for r in &batch.records {
-                bytes += r.value.as_deref().map_or(0, <[u8]>::len) as u64;
+                bytes += r.value.map_or(0, <[u8]>::len) as u64;
             }
             records += batch.records.len() as u64;
             tokio::time::sleep(Duration::from_micros(micros * batch.records.len() as u64)).await;

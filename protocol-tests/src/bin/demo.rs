@@ -128,8 +128,8 @@ async fn main() {
             Err(_) => continue,
         };
         for r in &batch.records {
-            let key = r.key.as_deref().unwrap_or_default();
-            let value = r.value.as_deref().unwrap_or_default();
+            let key = r.key.unwrap_or_default();
+            let value = r.value.unwrap_or_default();
             checksum = checksum.wrapping_add(record_checksum(key, value));
             bytes += (key.len() + value.len()) as u64;
             count += 1;

@@ -213,8 +213,8 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             Ok(Ok(b)) => b,
         };
         for r in &batch.records {
-            let key = r.key.as_deref().unwrap_or_default();
-            let value = r.value.as_deref().unwrap_or_default();
+            let key = r.key.unwrap_or_default();
+            let value = r.value.unwrap_or_default();
             output.push(json!([
                 batch.partition.partition,
                 r.offset,

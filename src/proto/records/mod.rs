@@ -36,7 +36,7 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use crate::error::ProtocolViolation;
-use crate::types::{Record, TimestampType};
+use crate::types::{Entry, Records, Segment, Span, TimestampType};
 
 /// `baseOffset` (i64) and `batchLength` (i32): the bytes before what `batchLength` counts.
 const LOG_OVERHEAD: usize = 12;
@@ -474,7 +474,7 @@ impl Default for DecodeLimits {
 pub fn decode_batch(
     batch: &RecordBatch,
     limits: &DecodeLimits,
-    out: &mut Vec<Record>,
+    out: &mut Records,
 ) -> Result<(), ProtocolViolation> {
     batch.verify_crc()?;
     let header = &batch.header;
@@ -484,26 +484,45 @@ pub fn decode_batch(
         return Ok(());
     }
     let data = batch.records_payload(limits.max_decompressed_bytes)?;
-    let start = out.len();
-    let result = decode_records(header, &data, count, out);
-    if result.is_err() {
-        out.truncate(start);
+    // Spans are 32-bit, and a length of `u32::MAX` means null.
+    if u32::try_from(data.len()).map_or(true, |len| len == u32::MAX) {
+        return Err(header.violation(format!(
+            "{} bytes of records do not fit 32-bit positions",
+            data.len()
+        )));
     }
-    result
+    let segment = u32::try_from(out.segments.len())
+        .map_err(|_| header.violation("more than 2^32 batches in one piece".to_owned()))?;
+    let start = out.entries.len();
+    match decode_records(header, &data, count, segment, &mut out.entries) {
+        Ok(()) => {
+            out.segments.push(Segment {
+                bytes: data,
+                leader_epoch: header.partition_leader_epoch,
+                timestamp_type: header.timestamp_type(),
+            });
+            Ok(())
+        }
+        Err(e) => {
+            out.entries.truncate(start);
+            Err(e)
+        }
+    }
 }
 
 /// Decodes exactly `count` records filling all of `data`.
 fn decode_records(
     header: &BatchHeader,
-    data: &Bytes,
+    data: &[u8],
     count: usize,
-    out: &mut Vec<Record>,
+    segment: u32,
+    out: &mut Vec<Entry>,
 ) -> Result<(), ProtocolViolation> {
     // A hostile count must not reserve more than the bytes could hold.
     out.reserve(count.min(data.len() / MIN_RECORD_LEN));
     let mut cursor = Cursor::new(data);
     for i in 0..count {
-        let record = read_record(header, data, &mut cursor)
+        let record = read_record(header, segment, &mut cursor)
             .map_err(|why| header.violation(format!("record {i} of {count}: {why}")))?;
         out.push(record);
     }
@@ -516,14 +535,13 @@ fn decode_records(
     Ok(())
 }
 
-/// Reads one record at the cursor (Java `DefaultRecord.readFrom`).
-///
-/// `data` is the buffer the cursor reads, so its ranges slice it.
+/// Reads one record at the cursor (Java `DefaultRecord.readFrom`). Positions are below
+/// `u32::MAX`: [`decode_batch`] checked the buffer's length.
 fn read_record(
     header: &BatchHeader,
-    data: &Bytes,
+    segment: u32,
     cursor: &mut Cursor<'_>,
-) -> Result<Record, String> {
+) -> Result<Entry, String> {
     let len = cursor.varint().ok_or("truncated length")?;
     let body = usize::try_from(len)
         .ok()
@@ -582,24 +600,26 @@ fn read_record(
             .checked_add(timestamp_delta)
             .ok_or_else(|| format!("timestamp delta {timestamp_delta} overflows"))?,
     };
-    Ok(Record {
+    Ok(Entry {
         offset,
         timestamp,
-        timestamp_type: header.timestamp_type(),
-        key: key.map(|k| data.slice(k)),
-        value: value.map(|v| data.slice(v)),
-        leader_epoch: header.partition_leader_epoch,
-        headers: slice(data, headers_start..headers_end),
+        segment,
         header_count,
+        key: key.map_or(Span::NULL, span),
+        value: value.map_or(Span::NULL, span),
+        headers: span(headers_start..headers_end),
     })
 }
 
-/// `data[range]` as a zero-copy slice, empty (and not sharing `data`) for an empty range.
-fn slice(data: &Bytes, range: Range<usize>) -> Bytes {
-    if range.is_empty() {
-        Bytes::new()
-    } else {
-        data.slice(range)
+/// A range of a buffer shorter than `u32::MAX` bytes as a span.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "decode_batch checked that the buffer is shorter than u32::MAX"
+)]
+fn span(range: Range<usize>) -> Span {
+    Span {
+        start: range.start as u32,
+        len: (range.end - range.start) as u32,
     }
 }
 
@@ -607,15 +627,15 @@ fn slice(data: &Bytes, range: Range<usize>) -> Bytes {
 /// of the last header's value. Decoding checked them; iteration still stops at the first
 /// malformed header instead of panicking.
 #[derive(Clone, Debug)]
-pub(crate) struct HeaderIter {
-    buf: Bytes,
+pub(crate) struct HeaderIter<'a> {
+    buf: &'a [u8],
     pos: usize,
     left: u32,
 }
 
-impl HeaderIter {
+impl<'a> HeaderIter<'a> {
     /// Iterates over `count` headers encoded in `buf`.
-    pub(crate) fn new(buf: Bytes, count: u32) -> Self {
+    pub(crate) fn new(buf: &'a [u8], count: u32) -> Self {
         Self {
             buf,
             pos: 0,
@@ -623,19 +643,20 @@ impl HeaderIter {
         }
     }
 
-    fn read(&mut self) -> Option<(Bytes, Option<Bytes>)> {
-        let mut r = Cursor::new(&self.buf);
+    fn read(&mut self) -> Option<(&'a [u8], Option<&'a [u8]>)> {
+        let mut r = Cursor::new(self.buf);
         r.pos = self.pos;
         let key_len = usize::try_from(r.varint()?).ok()?;
         let key = r.take(key_len)?;
         let value = r.nullable_bytes("header value").ok()?;
         self.pos = r.position();
-        Some((slice(&self.buf, key), value.map(|v| slice(&self.buf, v))))
+        let buf = self.buf;
+        Some((buf.get(key)?, value.and_then(|v| buf.get(v))))
     }
 }
 
-impl Iterator for HeaderIter {
-    type Item = (Bytes, Option<Bytes>);
+impl<'a> Iterator for HeaderIter<'a> {
+    type Item = (&'a [u8], Option<&'a [u8]>);
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.left == 0 {
@@ -651,7 +672,7 @@ impl Iterator for HeaderIter {
     }
 }
 
-impl FusedIterator for HeaderIter {}
+impl FusedIterator for HeaderIter<'_> {}
 
 /// The kind of a transaction marker: the key of a control batch's record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -707,8 +728,9 @@ pub fn control_type(batch: &RecordBatch) -> Result<Option<ControlType>, Protocol
     }
     batch.verify_crc()?;
     let data = batch.records_payload(CONTROL_BATCH_LIMIT)?;
-    read_record(header, &data, &mut Cursor::new(&data))
-        .and_then(|record| ControlType::parse(&record.key.unwrap_or_default()))
+    // The limit keeps `data` well below `u32::MAX` bytes.
+    read_record(header, 0, &mut Cursor::new(&data))
+        .and_then(|record| ControlType::parse(record.key.get(&data).unwrap_or_default()))
         .map_err(|why| header.violation(format!("control record: {why}")))
 }
 

@@ -9,6 +9,7 @@ use kafka_protocol::records::{
 };
 
 use super::*;
+use crate::types::Record;
 
 const CODECS: [(KpCompression, Compression); 5] = [
     (KpCompression::None, Compression::None),
@@ -152,16 +153,16 @@ fn split(records: Bytes) -> (Vec<RecordBatch>, usize) {
     (batches, iter.remaining_bytes())
 }
 
-fn decode_all(records: Bytes) -> Result<Vec<Record>, ProtocolViolation> {
-    let mut out = Vec::new();
+fn decode_all(records: Bytes) -> Result<Records, ProtocolViolation> {
+    let mut out = Records::new();
     for batch in BatchIter::new(records) {
         decode_batch(&batch?, &DecodeLimits::default(), &mut out)?;
     }
     Ok(out)
 }
 
-fn decode_one(batch: Bytes) -> Result<Vec<Record>, ProtocolViolation> {
-    let mut out = Vec::new();
+fn decode_one(batch: Bytes) -> Result<Records, ProtocolViolation> {
+    let mut out = Records::new();
     decode_batch(
         &RecordBatch::new(batch)?,
         &DecodeLimits::default(),
@@ -170,26 +171,26 @@ fn decode_one(batch: Bytes) -> Result<Vec<Record>, ProtocolViolation> {
     Ok(out)
 }
 
-fn headers_of(record: &Record) -> Vec<(Bytes, Option<Bytes>)> {
+fn headers_of<'a>(record: &Record<'a>) -> Vec<(&'a [u8], Option<&'a [u8]>)> {
     record.headers().collect()
 }
 
-fn assert_matches(decoded: &[Record], expected: &[KpRecord]) {
+fn assert_matches(decoded: &Records, expected: &[KpRecord]) {
     assert_eq!(decoded.len(), expected.len());
     for (got, want) in decoded.iter().zip(expected) {
         assert_eq!(got.offset, want.offset);
         assert_eq!(got.timestamp, want.timestamp);
         assert_eq!(got.timestamp_type, TimestampType::CreateTime);
-        assert_eq!(got.key, want.key);
-        assert_eq!(got.value, want.value);
+        assert_eq!(got.key, want.key.as_deref());
+        assert_eq!(got.value, want.value.as_deref());
         assert_eq!(got.leader_epoch, want.partition_leader_epoch);
         let want_headers: Vec<_> = want
             .headers
             .iter()
-            .map(|(k, v)| (Bytes::copy_from_slice(k.as_bytes()), v.clone()))
+            .map(|(k, v)| (k.as_bytes(), v.as_deref()))
             .collect();
         assert_eq!(got.header_count(), want_headers.len());
-        assert_eq!(headers_of(got), want_headers);
+        assert_eq!(headers_of(&got), want_headers);
     }
 }
 
@@ -219,7 +220,7 @@ fn round_trip_every_codec() {
         assert_eq!(header.timestamp_type(), TimestampType::CreateTime);
         assert!(!header.is_transactional() && !header.is_control() && !header.has_producer_id());
 
-        let mut out = Vec::new();
+        let mut out = Records::new();
         decode_batch(&batches[0], &DecodeLimits::default(), &mut out).unwrap();
         assert_matches(&out, &expected);
     }
@@ -249,15 +250,15 @@ fn agrees_with_kafka_protocol_decoder() {
         for (a, b) in ours.iter().zip(&theirs) {
             assert_eq!(a.offset, b.offset);
             assert_eq!(a.timestamp, b.timestamp);
-            assert_eq!(a.key, b.key);
-            assert_eq!(a.value, b.value);
+            assert_eq!(a.key, b.key.as_deref());
+            assert_eq!(a.value, b.value.as_deref());
             assert_eq!(a.leader_epoch, b.partition_leader_epoch);
             let theirs: Vec<_> = b
                 .headers
                 .iter()
-                .map(|(k, v)| (Bytes::copy_from_slice(k.as_bytes()), v.clone()))
+                .map(|(k, v)| (k.as_bytes(), v.as_deref()))
                 .collect();
-            assert_eq!(headers_of(a), theirs);
+            assert_eq!(headers_of(&a), theirs);
         }
     }
 }
@@ -273,8 +274,8 @@ fn uncompressed_records_are_slices_of_the_input() {
             }
         }
         for (name, value) in record.headers() {
-            assert!(name.is_empty() || points_into(&name, &bytes));
-            assert!(value.is_none_or(|v| v.is_empty() || points_into(&v, &bytes)));
+            assert!(name.is_empty() || points_into(name, &bytes));
+            assert!(value.is_none_or(|v| v.is_empty() || points_into(v, &bytes)));
         }
     }
     let (batches, _) = split(bytes.clone());
@@ -282,10 +283,16 @@ fn uncompressed_records_are_slices_of_the_input() {
 
     let compressed = encode(&sample_records(0), KpCompression::Zstd);
     let decoded = decode_all(compressed.clone()).unwrap();
-    assert!(!points_into(
-        decoded[0].value.as_ref().unwrap(),
-        &compressed
-    ));
+    let value = decoded.first().and_then(|r| r.value).unwrap();
+    assert!(!points_into(value, &compressed));
+    // An owned handle shares the decoded bytes.
+    let record = decoded.first().unwrap();
+    assert_eq!(record.value_bytes().unwrap().as_ptr(), value.as_ptr());
+    assert_eq!(
+        record.key_bytes().as_deref(),
+        record.key,
+        "key_bytes is the key"
+    );
 }
 
 #[test]
@@ -439,12 +446,14 @@ fn record_count_must_match() {
             b[RECORD_COUNT_OFFSET..RECORD_COUNT_OFFSET + 4].copy_from_slice(&count.to_be_bytes())
         });
         let batch = RecordBatch::new(bad).unwrap();
-        let mut out = vec![Record::clone(&decode_all(bytes.clone()).unwrap()[0])];
+        let mut out = decode_all(bytes.clone()).unwrap();
+        let before = out.clone();
         let err = decode_batch(&batch, &DecodeLimits::default(), &mut out).unwrap_err();
         assert!(err.to_string().contains(what), "{count}: {err}");
-        assert_eq!(out.len(), 1, "out is left as it was");
+        assert_eq!(out, before, "out is left as it was");
+        assert_eq!(out.segments.len(), 1, "no segment is added");
         // A hostile count reserves no more than the bytes could hold.
-        assert!(out.capacity() <= 1 + bytes.len() / MIN_RECORD_LEN);
+        assert!(out.entries.capacity() <= 2 * (5 + bytes.len() / MIN_RECORD_LEN));
     }
 }
 
@@ -460,7 +469,7 @@ fn empty_batch_moves_the_position() {
         });
         let (batches, _) = split(empty);
         assert_eq!(batches[0].header().next_offset(), 105);
-        let mut out = Vec::new();
+        let mut out = Records::new();
         decode_batch(&batches[0], &DecodeLimits::default(), &mut out).unwrap();
         assert!(out.is_empty());
     }
@@ -498,7 +507,7 @@ fn decompression_limit_is_enforced() {
         let bytes = zeros_batch(size, kp);
         assert!(bytes.len() < size / 20, "{codec:?} compresses zeros");
         let batch = RecordBatch::new(bytes).unwrap();
-        let mut out = Vec::new();
+        let mut out = Records::new();
         for limit in [0, 1000, 64 * 1024, payload_len - 1] {
             let err = decode_batch(&batch, &DecodeLimits::new(limit), &mut out).unwrap_err();
             assert_eq!(
@@ -511,10 +520,13 @@ fn decompression_limit_is_enforced() {
             );
         }
         decode_batch(&batch, &DecodeLimits::new(payload_len), &mut out).unwrap();
-        assert_eq!(out[0].value.as_ref().map(Bytes::len), Some(size));
+        assert_eq!(
+            out.first().and_then(|r| r.value).map(<[u8]>::len),
+            Some(size)
+        );
     }
     // Uncompressed batches allocate nothing and are not limited.
-    let mut out = Vec::new();
+    let mut out = Records::new();
     decode_batch(
         &RecordBatch::new(plain).unwrap(),
         &DecodeLimits::new(0),
@@ -536,7 +548,7 @@ fn log_append_time_uses_max_timestamp() {
             batches[0].header().timestamp_type(),
             TimestampType::LogAppendTime
         );
-        let mut out = Vec::new();
+        let mut out = Records::new();
         decode_batch(&batches[0], &DecodeLimits::default(), &mut out).unwrap();
         for record in &out {
             assert_eq!(record.timestamp, 1_700_000_000_005);
@@ -893,12 +905,12 @@ fn varints_read_like_java() {
 
 #[test]
 fn malformed_headers_stop_iteration() {
-    let garbage = Bytes::from_static(&[0x04, b'a', b'b', 0x7f, 0x02]);
+    let garbage: &[u8] = &[0x04, b'a', b'b', 0x7f, 0x02];
     assert_eq!(HeaderIter::new(garbage, 5).count(), 0);
-    let one_good = Bytes::from_static(&[0x02, b'a', 0x01, 0x09]);
+    let one_good: &[u8] = &[0x02, b'a', 0x01, 0x09];
     let headers: Vec<_> = HeaderIter::new(one_good, 3).collect();
-    assert_eq!(headers, [(Bytes::from_static(b"a"), None)]);
-    assert_eq!(HeaderIter::new(Bytes::new(), u32::MAX).count(), 0);
+    assert_eq!(headers, [(&b"a"[..], None)]);
+    assert_eq!(HeaderIter::new(&[], u32::MAX).count(), 0);
 }
 
 /// xorshift64: deterministic, no dependency.
@@ -919,7 +931,7 @@ impl Rng {
 
 /// Runs everything that reads bytes; only panics matter.
 fn exercise(records: Bytes) {
-    let mut out = Vec::new();
+    let mut out = Records::new();
     let mut filter = AbortedTransactions::new([(1, 0), (-5, i64::MIN), (7, i64::MAX)]);
     let mut iter = BatchIter::new(records);
     for batch in iter.by_ref() {
