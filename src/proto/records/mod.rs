@@ -825,29 +825,40 @@ impl BigEndian<'_> {
     }
 }
 
-/// A read position in a buffer, bounded by `end`; every read is checked and returns `None` past
-/// the end. Positions are absolute, so ranges slice the buffer directly.
+#[expect(
+    clippy::cast_possible_wrap,
+    reason = "zigzag decoding reinterprets the bits"
+)]
+fn zigzag32(raw: u32) -> i32 {
+    (raw >> 1) as i32 ^ -((raw & 1) as i32)
+}
+
+#[expect(
+    clippy::cast_possible_wrap,
+    reason = "zigzag decoding reinterprets the bits"
+)]
+fn zigzag64(raw: u64) -> i64 {
+    (raw >> 1) as i64 ^ -((raw & 1) as i64)
+}
+
+/// A read position in a buffer; every read is checked and returns `None` past the end.
+/// Positions are absolute (a cursor [`within`](Self::within) a range sees a prefix of the same
+/// buffer), so ranges slice the buffer directly.
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
-    end: usize,
 }
 
 impl<'a> Cursor<'a> {
     fn new(buf: &'a [u8]) -> Self {
-        Self {
-            buf,
-            pos: 0,
-            end: buf.len(),
-        }
+        Self { buf, pos: 0 }
     }
 
     /// A cursor over `range` of the same buffer.
     fn within(&self, range: &Range<usize>) -> Self {
         Self {
-            buf: self.buf,
+            buf: &self.buf[..range.end.min(self.buf.len())],
             pos: range.start,
-            end: range.end.min(self.buf.len()),
         }
     }
 
@@ -856,19 +867,18 @@ impl<'a> Cursor<'a> {
     }
 
     fn remaining(&self) -> usize {
-        self.end.saturating_sub(self.pos)
+        self.buf.len().saturating_sub(self.pos)
     }
 
+    #[inline]
     fn u8(&mut self) -> Option<u8> {
-        if self.pos >= self.end {
-            return None;
-        }
         let b = *self.buf.get(self.pos)?;
         self.pos += 1;
         Some(b)
     }
 
     /// The next `len` bytes, as a range of the buffer.
+    #[inline]
     fn take(&mut self, len: usize) -> Option<Range<usize>> {
         if len > self.remaining() {
             return None;
@@ -879,45 +889,66 @@ impl<'a> Cursor<'a> {
     }
 
     /// A zigzag varint of at most 5 bytes (Java `ByteUtils.readVarint`).
+    #[inline(always)]
     fn varint(&mut self) -> Option<i32> {
-        let mut raw: u32 = 0;
-        for shift in (0..35).step_by(7) {
+        let first = self.u8()?;
+        if first & 0x80 == 0 {
+            // One byte: every length and delta below 64.
+            return Some(zigzag32(u32::from(first)));
+        }
+        let mut raw = u32::from(first & 0x7f);
+        for shift in (7..35).step_by(7) {
             let b = self.u8()?;
             raw |= u32::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
-                return Some((raw >> 1) as i32 ^ -((raw & 1) as i32));
+                return Some(zigzag32(raw));
             }
         }
         None
     }
 
     /// A zigzag varlong of at most 10 bytes (Java `ByteUtils.readVarlong`).
+    #[inline]
     fn varlong(&mut self) -> Option<i64> {
-        let mut raw: u64 = 0;
-        for shift in (0..70).step_by(7) {
+        let first = self.u8()?;
+        if first & 0x80 == 0 {
+            return Some(zigzag64(u64::from(first)));
+        }
+        let mut raw = u64::from(first & 0x7f);
+        for shift in (7..70).step_by(7) {
             let b = self.u8()?;
             raw |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
-                return Some((raw >> 1) as i64 ^ -((raw & 1) as i64));
+                return Some(zigzag64(raw));
             }
         }
         None
     }
 
     /// A varint length and that many bytes; length -1 is null.
+    #[inline(always)]
     fn nullable_bytes(&mut self, what: &str) -> Result<Option<Range<usize>>, String> {
-        let len = self
-            .varint()
-            .ok_or_else(|| format!("truncated {what} length"))?;
+        let Some(len) = self.varint() else {
+            return Err(truncated_length(what));
+        };
         if len == -1 {
             return Ok(None);
         }
-        usize::try_from(len)
-            .ok()
-            .and_then(|n| self.take(n))
-            .map(Some)
-            .ok_or_else(|| format!("{what} length {len} is negative or runs past the record"))
+        match usize::try_from(len).ok().and_then(|n| self.take(n)) {
+            Some(range) => Ok(Some(range)),
+            None => Err(bad_length(what, len)),
+        }
     }
+}
+
+#[cold]
+fn truncated_length(what: &str) -> String {
+    format!("truncated {what} length")
+}
+
+#[cold]
+fn bad_length(what: &str, len: i32) -> String {
+    format!("{what} length {len} is negative or runs past the record")
 }
 
 #[cfg(test)]
