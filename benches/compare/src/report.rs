@@ -581,10 +581,11 @@ impl Report {
         };
         grouped_bars(
             &out.join("throughput.png"),
-            "Consume throughput (median, bars min–max)",
+            "Consume throughput (median, bars min–max; log scale)",
             "records/s",
             &groups,
             &per_client(&|m| m.records_per_s),
+            Scale::Log,
         )?;
         grouped_bars(
             &out.join("cpu.png"),
@@ -592,6 +593,7 @@ impl Report {
             "CPU s / M records",
             &groups,
             &per_client(&|m| m.cpu_per_million),
+            Scale::Linear,
         )?;
         grouped_bars(
             &out.join("rss.png"),
@@ -599,6 +601,7 @@ impl Report {
             "MiB",
             &groups,
             &per_client(&|m| m.peak_rss as f64 / MIB),
+            Scale::Linear,
         )?;
         let latency_groups = vec!["p50".to_string(), "p99".to_string(), "max".to_string()];
         let latency_series: Vec<(String, Vec<Option<Spread>>)> = LATENCY_CLIENTS
@@ -621,6 +624,7 @@ impl Report {
             "ms",
             &latency_groups,
             &latency_series,
+            Scale::Linear,
         )
     }
 }
@@ -640,6 +644,15 @@ fn register_font() -> Result<(), String> {
         .map_err(|_| "DejaVuSans.ttf is not a usable font".to_string())
 }
 
+/// The value axis of a bar chart.
+#[derive(Clone, Copy, PartialEq)]
+enum Scale {
+    Linear,
+    /// Powers of ten: for values that span orders of magnitude (the raw ceiling on lz4 topics
+    /// against the JVM tool).
+    Log,
+}
+
 /// A bar chart: one group of bars per `groups` entry, one bar per series (median, with a
 /// min–max whisker).
 fn grouped_bars(
@@ -648,14 +661,34 @@ fn grouped_bars(
     y_label: &str,
     groups: &[String],
     series: &[(String, Vec<Option<Spread>>)],
+    scale: Scale,
 ) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let y_max = series
-        .iter()
-        .flat_map(|(_, v)| v.iter().flatten().map(|s| s.max))
-        .fold(0.0f64, f64::max)
-        .max(1e-9)
-        * 1.25;
+    let values = || series.iter().flat_map(|(_, v)| v.iter().flatten());
+    // On the log scale bars are drawn in log10 units from a floor below the smallest minimum.
+    let (y_min, y_max) = match scale {
+        Scale::Linear => (
+            0.0,
+            values().map(|s| s.max).fold(0.0f64, f64::max).max(1e-9) * 1.25,
+        ),
+        Scale::Log => {
+            let lo = values()
+                .map(|s| s.min)
+                .filter(|v| *v > 0.0)
+                .fold(f64::INFINITY, f64::min);
+            let hi = values().map(|s| s.max).fold(0.0f64, f64::max);
+            if lo.is_finite() && hi > 0.0 {
+                (lo.log10().floor(), hi.log10() + 0.3)
+            } else {
+                (0.0, 1.0)
+            }
+        }
+    };
+    let y = |v: f64| match scale {
+        Scale::Linear => v,
+        Scale::Log if v > 0.0 => v.log10().max(y_min),
+        Scale::Log => y_min,
+    };
     let root = BitMapBackend::new(path, (1400, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -663,7 +696,7 @@ fn grouped_bars(
         .margin(15)
         .x_label_area_size(50)
         .y_label_area_size(90)
-        .build_cartesian_2d(0f64..groups.len() as f64, 0f64..y_max)
+        .build_cartesian_2d(0f64..groups.len() as f64, y_min..y_max)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
@@ -671,10 +704,14 @@ fn grouped_bars(
         .x_labels(0)
         .y_desc(y_label)
         .y_label_formatter(&|y| {
-            if *y >= 1e4 {
-                grouped(*y)
+            let v = match scale {
+                Scale::Linear => *y,
+                Scale::Log => 10f64.powf(*y),
+            };
+            if v >= 1e4 {
+                grouped(v.round())
             } else {
-                format!("{y:.1}")
+                format!("{v:.1}")
             }
         })
         .draw()
@@ -688,7 +725,7 @@ fn grouped_bars(
             .draw_series(values.iter().enumerate().filter_map(|(gi, v)| {
                 v.map(|s| {
                     Rectangle::new(
-                        [(x0(gi), 0.0), (x0(gi) + width * 0.9, s.median)],
+                        [(x0(gi), y_min), (x0(gi) + width * 0.9, y(s.median))],
                         color.filled(),
                     )
                 })
@@ -699,7 +736,9 @@ fn grouped_bars(
         chart
             .draw_series(values.iter().enumerate().filter_map(|(gi, v)| {
                 let xc = x0(gi) + width * 0.45;
-                v.map(|s| PathElement::new(vec![(xc, s.min), (xc, s.max)], BLACK.stroke_width(2)))
+                v.map(|s| {
+                    PathElement::new(vec![(xc, y(s.min)), (xc, y(s.max))], BLACK.stroke_width(2))
+                })
             }))
             .map_err(|e| err(&e))?;
     }
@@ -712,7 +751,7 @@ fn grouped_bars(
         .draw()
         .map_err(|e| err(&e))?;
     for (gi, g) in groups.iter().enumerate() {
-        let (px, py) = chart.backend_coord(&(gi as f64 + 0.1, 0.0));
+        let (px, py) = chart.backend_coord(&(gi as f64 + 0.1, y_min));
         root.draw(&Text::new(g.clone(), (px, py + 10), ("sans-serif", 16)))
             .map_err(|e| err(&e))?;
     }
