@@ -881,7 +881,7 @@ impl Consumer {
     fn decode_piece(&mut self, cursor: &mut ChunkCursor) -> Decoded {
         let limit = self.config.buffer_max_bytes();
         let soft_cap = self.config.max_partition_fetch_bytes() as usize;
-        let piece = cursor.next_piece(limit, soft_cap);
+        let piece = cursor.next_piece(limit, soft_cap, self.config.check_crcs());
         if cursor.is_done() {
             self.release(cursor.raw_len);
         }

@@ -747,6 +747,20 @@ async fn batch_with_a_bad_crc() {
     }
 }
 
+/// With `check.crcs=false` a batch whose stored CRC is wrong (its records intact) is decoded
+/// and delivered whole; the default rejects it (`batch_with_a_bad_crc`).
+#[tokio::test]
+async fn bad_crc_is_not_checked_when_check_crcs_is_off() {
+    let mut bad = plain_batch(0, 5).to_vec();
+    bad[17] ^= 0x55; // the CRC field itself
+    let mut log = Log::default();
+    log.push(Bytes::from(bad)).push(plain_batch(5, 5));
+    let (m, _) = fetch_mock(1, log).await;
+    let mut c = fetch_consumer(&m, |b| b.check_crcs(false));
+    expect_records(&mut c, 10).await;
+    bounded("close", c.close()).await;
+}
+
 /// A batch whose length runs past the end of the records field, first in the response: it
 /// can never fit, a typed error (not an endless refetch or a large allocation).
 #[tokio::test]

@@ -477,6 +477,21 @@ pub fn decode_batch(
     out: &mut Records,
 ) -> Result<(), ProtocolViolation> {
     batch.verify_crc()?;
+    decode_batch_unverified(batch, limits, out)
+}
+
+/// [`decode_batch`] without the CRC check (the consumer's `check.crcs=false`): every other
+/// check still holds, so bytes changed in transit can still yield records whose keys, values
+/// or headers differ from what was written, but never a panic or an unbounded allocation.
+///
+/// # Errors
+///
+/// As [`decode_batch`], except [`ProtocolViolation::Crc`].
+pub fn decode_batch_unverified(
+    batch: &RecordBatch,
+    limits: &DecodeLimits,
+    out: &mut Records,
+) -> Result<(), ProtocolViolation> {
     let header = &batch.header;
     let count = usize::try_from(header.record_count)
         .map_err(|_| header.violation(format!("negative record count {}", header.record_count)))?;
