@@ -44,7 +44,9 @@ pub(crate) fn main(args: &[String]) -> ! {
     let kind = args.first().map(String::as_str).unwrap_or("");
     let rest = &args[1.min(args.len())..];
     let result = match kind {
-        "ours" | "rdkafka-base" | "rdkafka-stream" | "rskafka" | "raw" => throughput(kind, rest),
+        "ours" | "ours-nocrc" | "rdkafka-base" | "rdkafka-stream" | "rskafka" | "raw" => {
+            throughput(kind, rest)
+        }
         "ours-slow" => slow(rest),
         "ours-latency" => latency(rest),
         "raw-commit" => raw_commit(rest),
@@ -99,7 +101,8 @@ fn throughput(kind: &str, args: &[String]) -> Result<String, String> {
         _ => runtime()?.block_on(async {
             let work = async {
                 match kind {
-                    "ours" => ours(&bootstrap, &topic, partitions, want).await,
+                    "ours" => ours(&bootstrap, &topic, partitions, want, true).await,
+                    "ours-nocrc" => ours(&bootstrap, &topic, partitions, want, false).await,
                     "rdkafka-stream" => rdkafka_stream(&bootstrap, &topic, partitions, want).await,
                     _ => rskafka(&bootstrap, &topic, partitions, want).await,
                 }
@@ -124,14 +127,18 @@ fn our_config(bootstrap: &str) -> kafka_source::ConsumerConfigBuilder {
         .client_id("compare")
 }
 
+/// `check_crcs`: the `check.crcs` setting (`ours-nocrc` turns it off; the comparison runs
+/// the default).
 async fn ours(
     bootstrap: &str,
     topic: &str,
     partitions: i32,
     want: u64,
+    check_crcs: bool,
 ) -> Result<Consumed, String> {
     let cfg = our_config(bootstrap)
         .commit_mode(CommitMode::Disabled)
+        .check_crcs(check_crcs)
         .build()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
