@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::{Message, Request, StrBytes};
 use parking_lot::Mutex;
@@ -319,7 +319,7 @@ async fn write_loop(
 }
 
 /// Frames larger than this are read into a buffer grown in steps of this size, so a length
-/// prefix alone never makes us allocate the whole claimed size up front.
+/// prefix alone never makes us allocate more than this ahead of the bytes that arrived.
 const GROW_STEP: usize = 16 << 20;
 
 async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize) {
@@ -367,13 +367,27 @@ async fn read_frame<R: AsyncRead + Unpin>(
     let prefix = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let len = frame::check_length(prefix, max).map_err(ReadError::Protocol)?;
     let total = frame::LENGTH_PREFIX + len;
-    while buf.len() < total {
-        let missing = total - buf.len();
-        fill(rd, buf, missing.min(GROW_STEP)).await?;
+    if buf.len() >= total {
+        let mut frame = buf.split_to(total);
+        frame.advance(frame::LENGTH_PREFIX);
+        return Ok(frame.freeze());
     }
-    let mut frame = buf.split_to(total);
-    frame.advance(frame::LENGTH_PREFIX);
-    Ok(frame.freeze())
+    // The rest of the frame is read into an allocation of its own, exactly its size. Cut from
+    // the shared read buffer instead, a frame would keep that whole buffer alive (and it grows
+    // by doubling) for as long as any frame cut from it is held: memory the fetch budget,
+    // which counts frame bytes, would not see.
+    let mut frame: Vec<u8> = Vec::with_capacity(len.min(GROW_STEP));
+    frame.extend_from_slice(&buf[frame::LENGTH_PREFIX..]);
+    buf.clear();
+    while frame.len() < len {
+        if frame.len() == frame.capacity() {
+            frame.reserve_exact((len - frame.len()).min(GROW_STEP));
+        }
+        // Never past this frame: what follows belongs to the next one.
+        let missing = len - frame.len();
+        read_some(rd, &mut (&mut frame).limit(missing)).await?;
+    }
+    Ok(Bytes::from(frame))
 }
 
 async fn fill<R: AsyncRead + Unpin>(
@@ -382,6 +396,14 @@ async fn fill<R: AsyncRead + Unpin>(
     want: usize,
 ) -> Result<(), ReadError> {
     buf.reserve(want.max(8 * 1024));
+    read_some(rd, buf).await
+}
+
+/// One read into `buf`'s spare room; the end of the stream is an error.
+async fn read_some<R: AsyncRead + Unpin, B: BufMut>(
+    rd: &mut R,
+    buf: &mut B,
+) -> Result<(), ReadError> {
     match rd.read_buf(buf).await {
         Ok(0) => Err(ReadError::Io(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -598,6 +620,40 @@ mod tests {
                 max: 1000,
             })) => {}
             _ => panic!("expected FrameTooLarge"),
+        }
+    }
+
+    /// Frames of every size arrive whole and in order however the stream is cut: a large frame
+    /// read into its own allocation never takes bytes of the frame after it.
+    #[tokio::test]
+    async fn frames_survive_any_cut() {
+        let sizes = [0usize, 1, 5, 70_000, 3, 200_000, 64 * 1024, 10];
+        let mut wire = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            wire.extend_from_slice(&i32::try_from(n).unwrap().to_be_bytes());
+            wire.extend((0..n).map(|k| (k + i) as u8));
+        }
+        for cut in [1usize, 7, 4096, 65_536, 1 << 20] {
+            let (mut tx, mut rx) = tokio::io::duplex(cut.max(64));
+            let data = wire.clone();
+            let writer = tokio::spawn(async move {
+                for piece in data.chunks(cut) {
+                    tx.write_all(piece).await.unwrap();
+                }
+            });
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            for (i, &n) in sizes.iter().enumerate() {
+                let Ok(frame) = read_frame(&mut rx, &mut buf, 1 << 20).await else {
+                    panic!("cut {cut}, frame {i}: read failed");
+                };
+                assert_eq!(frame.len(), n, "cut {cut}, frame {i}");
+                assert!(
+                    frame.iter().enumerate().all(|(k, b)| *b == (k + i) as u8),
+                    "cut {cut}, frame {i}: wrong bytes"
+                );
+            }
+            writer.await.unwrap();
+            assert!(buf.is_empty(), "cut {cut}: nothing left over");
         }
     }
 
