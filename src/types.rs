@@ -255,18 +255,8 @@ impl Records {
         self.segments.clear();
     }
 
-    /// Moves `other`'s records after these.
-    pub fn append(&mut self, other: &mut Records) {
-        let base = u32::try_from(self.segments.len()).unwrap_or(u32::MAX);
-        self.entries.extend(other.entries.drain(..).map(|mut e| {
-            e.segment = e.segment.saturating_add(base);
-            e
-        }));
-        self.segments.append(&mut other.segments);
-    }
-
     fn view<'a>(&'a self, e: &Entry) -> Record<'a> {
-        // Entries are only made together with their segment.
+        // `decode_batch` pushes an entry's segment with it, and nothing else adds entries.
         let seg = &self.segments[e.segment as usize];
         let buf: &'a [u8] = &seg.bytes;
         Record {
