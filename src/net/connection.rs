@@ -657,6 +657,78 @@ mod tests {
         }
     }
 
+    /// Requests larger than the socket buffers hold, made while the broker is not reading,
+    /// reach it whole and in order (never interleaved), and each answer finds its requester.
+    #[tokio::test]
+    async fn frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() {
+        use kafka_protocol::messages::TopicName;
+        use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+        use kafka_protocol::protocol::Decodable;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (go, wait) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            handshake(&mut sock).await;
+            // Let the client fill the socket buffers before reading anything.
+            wait.await.unwrap();
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let len = sock.read_i32().await.unwrap() as usize;
+                let mut buf = vec![0u8; len];
+                sock.read_exact(&mut buf).await.unwrap();
+                let mut b = Bytes::from(buf);
+                let h = decode_request_header_from_buffer(&mut b).unwrap();
+                let req = MetadataRequest::decode(&mut b, h.request_api_version).unwrap();
+                assert!(
+                    b.is_empty(),
+                    "request {} has trailing bytes",
+                    h.correlation_id
+                );
+                seen.push((h.correlation_id, req.topics.map_or(0, |t| t.len())));
+                let resp = MetadataResponse::default().with_controller_id(h.correlation_id.into());
+                let frame = response_frame(h.correlation_id, &resp, h.request_api_version);
+                sock.write_all(&frame).await.unwrap();
+            }
+            (seen, sock)
+        });
+        let conn = Connection::connect(&addr, BrokerRef::Address(addr.clone()), opts())
+            .await
+            .unwrap();
+        let v = conn.version(versions::METADATA).unwrap();
+        // About 5.5 MiB each: together more than a loopback connection buffers.
+        let big = |n: usize| {
+            MetadataRequest::default().with_topics(Some(
+                (0..n)
+                    .map(|i| {
+                        MetadataRequestTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_string(format!("{i:0>40}")))))
+                    })
+                    .collect(),
+            ))
+        };
+        let (first, second, small) = (big(100_000), big(100_001), big(1));
+        let requests = async {
+            tokio::join!(
+                conn.request(&first, v, Duration::ZERO),
+                conn.request(&second, v, Duration::ZERO),
+                conn.request(&small, v, Duration::ZERO),
+            )
+        };
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            go.send(()).unwrap();
+        };
+        let ((a, b, c), ()) = tokio::join!(requests, release);
+        assert_eq!(a.unwrap().controller_id.0, 1);
+        assert_eq!(b.unwrap().controller_id.0, 2);
+        assert_eq!(c.unwrap().controller_id.0, 3);
+        let (seen, sock) = server.await.unwrap();
+        assert_eq!(seen, vec![(1, 100_000), (2, 100_001), (3, 1)]);
+        assert!(conn.is_alive());
+        drop(sock);
+    }
+
     /// A response cut mid-frame fails the requests on that connection only; the pool opens a
     /// new connection for the next request.
     #[tokio::test]
