@@ -1,13 +1,17 @@
-//! One broker connection: a writer task, a reader task, and correlation-id demultiplexing.
+//! One broker connection: a writer, a reader task, and correlation-id demultiplexing.
 //!
 //! Requests are pipelined: any number may be in flight, each waiting on its own `oneshot`.
+//! A request is written to the socket by the task that makes it, at once, when nothing is
+//! queued before it and the socket takes it whole; otherwise it is queued (with whatever part
+//! the socket did not take) for the writer task. Writing never awaits in the requester, so a
+//! cancelled request never leaves half a frame behind it.
 //! Kafka answers in order on a connection, but responses are routed by correlation id, and a
 //! response nobody asked for is a protocol violation. Any framing error, I/O error or request
 //! timeout *poisons* the connection: every waiting request fails with a copy of the error, and
 //! the pool opens a new connection for the next request. The reader never allocates more than
 //! the configured maximum response size, whatever a length prefix claims.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
@@ -16,10 +20,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::{Message, Request, StrBytes};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::error::{ApiContext, BrokerRef, Error, ProtocolViolation, Result};
@@ -77,10 +81,73 @@ impl Shared {
     }
 }
 
+/// The write side: the socket, and the frames (or the rest of a frame) it has not taken yet.
+///
+/// Every write happens under `queue`'s lock, by the requester or by the writer task, so frames
+/// never interleave. The lock is held across non-blocking writes only.
+struct Writer {
+    half: OwnedWriteHalf,
+    queue: Mutex<WriteQueue>,
+    /// Wakes the writer task when a frame is queued.
+    queued: Notify,
+}
+
+#[derive(Default)]
+struct WriteQueue {
+    frames: VecDeque<Bytes>,
+    /// The writer task ended (a write failed); nothing more is written.
+    closed: bool,
+}
+
+impl Writer {
+    /// Writes `frame` now if the socket takes it whole and nothing waits before it; queues it
+    /// (or the part not taken) for the writer task otherwise. Never blocks on the socket.
+    fn send(&self, mut frame: Bytes) -> std::io::Result<()> {
+        let mut queue = self.queue.lock();
+        if queue.closed {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        if queue.frames.is_empty() {
+            match self.half.try_write(&frame) {
+                Ok(n) if n == frame.len() => return Ok(()),
+                Ok(n) => frame.advance(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            queue.frames.push_back(frame);
+            drop(queue);
+            self.queued.notify_one();
+        } else {
+            // The writer task was woken for the frame at the front and writes until the
+            // queue is empty.
+            queue.frames.push_back(frame);
+        }
+        Ok(())
+    }
+
+    /// Writes what the queue holds, until it is empty or the socket is full.
+    /// `Ok(true)`: the queue is empty; `Ok(false)`: wait until the socket is writable.
+    fn drain(&self) -> std::io::Result<bool> {
+        let mut queue = self.queue.lock();
+        while let Some(front) = queue.frames.front_mut() {
+            match self.half.try_write(front) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) if n == front.len() => {
+                    queue.frames.pop_front();
+                }
+                Ok(n) => front.advance(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// A live connection to one broker, with its negotiated API versions.
 pub(crate) struct Connection {
     shared: Arc<Shared>,
-    tx: mpsc::UnboundedSender<Bytes>,
+    writer: Arc<Writer>,
     next_correlation_id: AtomicI32,
     versions: BrokerVersions,
     opts: ConnOptions,
@@ -125,16 +192,20 @@ impl Connection {
             broker,
             state: Mutex::new(State::Open(HashMap::new())),
         });
-        let (tx, rx) = mpsc::unbounded_channel();
+        let writer = Arc::new(Writer {
+            half: wr,
+            queue: Mutex::new(WriteQueue::default()),
+            queued: Notify::new(),
+        });
         let reader = tokio::spawn(read_loop(rd, Arc::clone(&shared), opts.max_response_size));
-        let writer = tokio::spawn(write_loop(wr, rx, Arc::clone(&shared)));
+        let write_task = tokio::spawn(write_loop(Arc::clone(&writer), Arc::clone(&shared)));
         let mut conn = Self {
             shared,
-            tx,
+            writer,
             next_correlation_id: AtomicI32::new(0),
             versions: BrokerVersions::default(),
             opts,
-            tasks: [reader, writer],
+            tasks: [reader, write_task],
         };
         conn.versions = conn.negotiate().await?;
         Ok(conn)
@@ -191,7 +262,7 @@ impl Connection {
 
     /// False once the connection failed; the pool then replaces it.
     pub(crate) fn is_alive(&self) -> bool {
-        matches!(*self.shared.state.lock(), State::Open(_)) && !self.tx.is_closed()
+        matches!(*self.shared.state.lock(), State::Open(_)) && !self.writer.queue.lock().closed
     }
 
     /// The version to use for an API on this broker, or a typed error when there is none.
@@ -283,8 +354,11 @@ impl Connection {
                 }
             }
         }
-        if self.tx.send(buf.freeze()).is_err() {
-            self.shared.poison(Error::Closed);
+        if let Err(source) = self.writer.send(buf.freeze()) {
+            self.shared.poison(Error::Io {
+                broker: self.shared.broker.clone(),
+                source,
+            });
         }
         let limit = self.opts.request_timeout + extra_wait;
         match tokio::time::timeout(limit, rx).await {
@@ -301,21 +375,31 @@ impl Connection {
     }
 }
 
-async fn write_loop(
-    mut wr: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
-    shared: Arc<Shared>,
-) {
-    while let Some(frame) = rx.recv().await {
-        if let Err(source) = wr.write_all(&frame).await {
-            shared.poison(Error::Io {
-                broker: shared.broker.clone(),
-                source,
-            });
-            return;
+/// Writes the frames requesters queued. Ends at the first failed write, poisoning the
+/// connection; the socket's write side shuts down when the connection is dropped.
+async fn write_loop(writer: Arc<Writer>, shared: Arc<Shared>) {
+    let err = loop {
+        writer.queued.notified().await;
+        let res = loop {
+            match writer.drain() {
+                Ok(true) => break Ok(()),
+                Ok(false) => {
+                    if let Err(e) = writer.half.writable().await {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if let Err(e) = res {
+            break e;
         }
-    }
-    let _ = wr.shutdown().await;
+    };
+    writer.queue.lock().closed = true;
+    shared.poison(Error::Io {
+        broker: shared.broker.clone(),
+        source: err,
+    });
 }
 
 /// Frames larger than this are read into a buffer grown in steps of this size, so a length
