@@ -174,7 +174,8 @@ impl Plan {
                 reps: 5,
                 records_small: 1_000_000,
                 records_large: 200_000,
-                commits: 200,
+                // Enough that a run's p99 rests on ten commits, not two.
+                commits: 1000,
                 commit_warmup: 20,
                 slow_budget: SLOW_BUDGET,
                 slow_seconds: 8.0,
