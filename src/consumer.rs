@@ -924,10 +924,7 @@ impl Consumer {
     }
 
     fn release(&self, bytes: usize) {
-        if bytes > 0 {
-            self.shared.buffered.fetch_sub(bytes, Ordering::AcqRel);
-            self.shared.budget_freed.notify_one();
-        }
+        self.shared.release(bytes);
     }
 
     fn release_held(&mut self) {

@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -48,8 +48,14 @@ pub(crate) use group::Topics;
 pub(crate) struct Shared {
     /// Bytes fetched and not yet handed out (plus the decompressed batch last handed out).
     pub(crate) buffered: AtomicUsize,
-    /// Signalled when `buffered` drops, so the loop can fetch again.
+    /// Signalled when `buffered` drops while the loop waits for budget, so it can fetch again.
     pub(crate) budget_freed: Notify,
+    /// Set by the loop while it holds fetches back for want of budget; only then does a
+    /// release wake it (otherwise every chunk the application finished would).
+    wants_budget: AtomicBool,
+    /// Releases so far (wrapping): lets the loop see a release that raced with setting
+    /// `wants_budget`.
+    releases: AtomicUsize,
     /// Fetch requests sent.
     pub(crate) fetches_sent: AtomicUsize,
     /// Fetch responses (or failures) received.
@@ -68,6 +74,33 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The application is done with `bytes` of fetched data: gives them back to the budget,
+    /// waking the loop if it waits for budget.
+    pub(crate) fn release(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        // SeqCst here and in `wait_for_budget`: either this sees the loop's flag, or the loop
+        // sees this release in `releases` (neither can miss both).
+        self.buffered.fetch_sub(bytes, Ordering::SeqCst);
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        if self.wants_budget.load(Ordering::SeqCst)
+            && self.wants_budget.swap(false, Ordering::SeqCst)
+        {
+            self.budget_freed.notify_one();
+        }
+    }
+
+    /// Called by the loop when budget holds fetches back. `releases_seen` was read before the
+    /// `buffered` value the loop planned with: a release after it (whose flag check may have
+    /// come before the flag was set) makes the loop's next wait end at once.
+    fn wait_for_budget(&self, releases_seen: usize) {
+        self.wants_budget.store(true, Ordering::SeqCst);
+        if self.releases.load(Ordering::SeqCst) != releases_seen {
+            self.budget_freed.notify_one();
+        }
+    }
+
     /// Records a call to `poll` (`waiting`: it is about to wait for data).
     pub(crate) fn polled(&self, waiting: bool) {
         let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -81,6 +114,8 @@ impl Default for Shared {
         Self {
             buffered: AtomicUsize::new(0),
             budget_freed: Notify::new(),
+            wants_budget: AtomicBool::new(false),
+            releases: AtomicUsize::new(0),
             fetches_sent: AtomicUsize::new(0),
             fetches_done: AtomicUsize::new(0),
             coordinator: std::sync::atomic::AtomicI32::new(-1),
@@ -549,19 +584,27 @@ impl Driver {
         self.report_superseded();
         // A commit that ended without a request may have drained a revocation's commits.
         self.finish_revocation_if_drained(now);
-        let buffered = self.shared.buffered.load(Ordering::Acquire);
+        let releases = self.shared.releases.load(Ordering::SeqCst);
+        let buffered = self.shared.buffered.load(Ordering::SeqCst);
         let budget = self
             .cfg
             .budget
             .saturating_sub(buffered)
             .saturating_sub(self.reserved);
-        if budget == 0 {
-            return;
+        let plans = if budget == 0 {
+            Vec::new()
+        } else {
+            self.fetch
+                .plan_fetches(std_now, &self.meta, &self.busy, budget)
+        };
+        let planned: usize = plans.iter().map(|p| p.max_bytes as usize).sum();
+        if planned >= budget {
+            // All of it is taken: a fetch may be held back until the application frees some.
+            self.shared.wait_for_budget(releases);
+        } else {
+            self.shared.wants_budget.store(false, Ordering::SeqCst);
         }
-        for plan in self
-            .fetch
-            .plan_fetches(std_now, &self.meta, &self.busy, budget)
-        {
+        for plan in plans {
             self.busy.insert(plan.node);
             self.reserved += plan.max_bytes as usize;
             self.shared.fetches_sent.fetch_add(1, Ordering::Relaxed);
@@ -858,6 +901,44 @@ async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// True if a wait on `budget_freed` would end at once (a wakeup is pending).
+    fn woken(shared: &Shared) -> bool {
+        let notified = shared.budget_freed.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable()
+    }
+
+    /// A release wakes the loop only while it waits for budget, once per wait.
+    #[test]
+    fn releases_wake_the_loop_only_while_it_waits_for_budget() {
+        let shared = Shared::default();
+        shared.buffered.store(100, Ordering::SeqCst);
+        shared.release(10);
+        assert!(!woken(&shared), "no wait for budget, no wakeup");
+        shared.wait_for_budget(shared.releases.load(Ordering::SeqCst));
+        assert!(!woken(&shared), "nothing released since the loop looked");
+        shared.release(0);
+        assert!(!woken(&shared), "releasing nothing wakes nothing");
+        shared.release(10);
+        assert!(woken(&shared), "a release while the loop waits wakes it");
+        shared.release(10);
+        assert!(!woken(&shared), "one wakeup per wait");
+        assert_eq!(shared.buffered.load(Ordering::SeqCst), 70);
+    }
+
+    /// A release between the loop reading the budget and setting its flag is not lost.
+    #[test]
+    fn a_release_racing_the_wait_is_not_lost() {
+        let shared = Shared::default();
+        shared.buffered.store(100, Ordering::SeqCst);
+        let seen = shared.releases.load(Ordering::SeqCst);
+        // The application releases before the loop says it waits: it sees no flag.
+        shared.release(10);
+        assert!(!woken(&shared));
+        shared.wait_for_budget(seen);
+        assert!(woken(&shared), "the loop plans again at once");
+    }
 
     /// A partition without a leader (leader -1, or a node the metadata does not list) makes the
     /// loop wake for metadata after the retry backoff, not after `metadata.max.age`.
