@@ -169,6 +169,7 @@ impl Span {
         len: NULL_LEN,
     };
 
+    #[inline]
     pub(crate) fn get(self, buf: &[u8]) -> Option<&[u8]> {
         if self.len == NULL_LEN {
             return None;
@@ -227,6 +228,7 @@ impl Records {
     }
 
     /// The record at `index`, `None` past the end.
+    #[inline]
     pub fn get(&self, index: usize) -> Option<Record<'_>> {
         self.entries.get(index).map(|e| self.view(e))
     }
@@ -242,6 +244,7 @@ impl Records {
     }
 
     /// The records in offset order.
+    #[inline]
     pub fn iter(&self) -> RecordIter<'_> {
         RecordIter {
             records: self,
@@ -255,6 +258,7 @@ impl Records {
         self.segments.clear();
     }
 
+    #[inline]
     fn view<'a>(&'a self, e: &Entry) -> Record<'a> {
         // `decode_batch` pushes an entry's segment with it, and nothing else adds entries.
         let seg = &self.segments[e.segment as usize];
@@ -291,6 +295,7 @@ impl<'a> IntoIterator for &'a Records {
     type Item = Record<'a>;
     type IntoIter = RecordIter<'a>;
 
+    #[inline]
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
     }
@@ -306,16 +311,19 @@ pub struct RecordIter<'a> {
 impl<'a> Iterator for RecordIter<'a> {
     type Item = Record<'a>;
 
+    #[inline]
     fn next(&mut self) -> Option<Record<'a>> {
         self.inner.next().map(|e| self.records.view(e))
     }
 
+    #[inline]
     fn size_hint(&self) -> (usize, Option<usize>) {
         self.inner.size_hint()
     }
 }
 
 impl DoubleEndedIterator for RecordIter<'_> {
+    #[inline]
     fn next_back(&mut self) -> Option<Self::Item> {
         self.inner.next_back().map(|e| self.records.view(e))
     }
