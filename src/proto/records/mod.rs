@@ -552,6 +552,7 @@ fn decode_records(
 
 /// Reads one record at the cursor (Java `DefaultRecord.readFrom`). Positions are below
 /// `u32::MAX`: [`decode_batch`] checked the buffer's length.
+#[inline(always)]
 fn read_record(
     header: &BatchHeader,
     segment: u32,
