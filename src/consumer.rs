@@ -33,6 +33,7 @@ use crate::proto::fetch::{Chunk, FetchConfig, FetchState};
 use crate::proto::group::{
     GroupConfig, Membership, classic::ClassicMember, kip848::ConsumerMember,
 };
+use crate::proto::records::DecodeLimits;
 use crate::rebalance::{RebalanceListener, Revocation};
 use crate::types::{Batch, StartPosition, TopicPartition};
 
@@ -879,9 +880,10 @@ impl Consumer {
     /// Decodes the next piece of a chunk. Counts its decompressed bytes against the budget;
     /// the chunk's fetched bytes are released when its last piece is decoded.
     fn decode_piece(&mut self, cursor: &mut ChunkCursor) -> Decoded {
-        let limit = self.config.buffer_max_bytes();
+        let limits = DecodeLimits::new(self.config.buffer_max_bytes())
+            .with_check_crc(self.config.check_crcs());
         let soft_cap = self.config.max_partition_fetch_bytes() as usize;
-        let piece = cursor.next_piece(limit, soft_cap, self.config.check_crcs());
+        let piece = cursor.next_piece(&limits, soft_cap);
         if cursor.is_done() {
             self.release(cursor.raw_len);
         }

@@ -37,6 +37,7 @@ use crate::proto::fetch::{FetchConfig, FetchEvent, FetchState};
 use crate::proto::frame;
 use crate::proto::group::consumer_protocol;
 use crate::proto::metadata::Metadata;
+use crate::proto::records::DecodeLimits;
 use crate::proto::versions::{self, BrokerVersions, Window};
 use crate::types::{StartPosition, TopicPartition};
 
@@ -229,7 +230,7 @@ pub fn fetch_response(data: &[u8]) {
         let mut position = 0;
         let mut pieces = 0usize;
         while !cursor.is_done() {
-            let piece = cursor.next_piece(64 << 10, 4 << 10, true);
+            let piece = cursor.next_piece(&DecodeLimits::new(64 << 10), 4 << 10);
             assert!(piece.next_offset >= position, "the position went back");
             position = piece.next_offset;
             pieces += 1;
@@ -2167,7 +2168,7 @@ pub fn fetch_session(data: &[u8]) {
                     buffered -= cursor.raw_len;
                     continue;
                 }
-                let piece = cursor.next_piece(1 << 16, 64, true);
+                let piece = cursor.next_piece(&DecodeLimits::new(1 << 16), 64);
                 for rec in &piece.records {
                     assert!(
                         (from..to).contains(&rec.offset),

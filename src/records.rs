@@ -26,7 +26,7 @@
 
 pub use crate::proto::records::{
     AbortedTransactions, BatchAction, BatchHeader, BatchIter, Compression, ControlType,
-    DecodeLimits, RecordBatch, control_type, decode_batch, decode_batch_unverified,
+    DecodeLimits, RecordBatch, control_type, decode_batch,
 };
 
 /// Checks the structure of a FetchResponse `body` (after the response header) at `version`

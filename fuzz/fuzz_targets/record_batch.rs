@@ -1,9 +1,7 @@
 //! Arbitrary bytes as a partition's `records` field: split into batches, check and decode each.
 #![no_main]
 
-use kafka_source::records::{
-    AbortedTransactions, BatchIter, DecodeLimits, decode_batch, decode_batch_unverified,
-};
+use kafka_source::records::{AbortedTransactions, BatchIter, DecodeLimits, decode_batch};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,12 +13,8 @@ fuzz_target!(|data: &[u8]| {
         let _ = filter.classify(&batch);
         // Unverified too: mutated bytes rarely keep a valid CRC, and without the check they
         // reach the record decoder.
-        for verify in [true, false] {
-            let _ = if verify {
-                decode_batch(&batch, &limits, &mut out)
-            } else {
-                decode_batch_unverified(&batch, &limits, &mut out)
-            };
+        for check_crc in [true, false] {
+            let _ = decode_batch(&batch, &limits.with_check_crc(check_crc), &mut out);
             for record in &out {
                 assert_eq!(record.headers().count(), record.header_count());
             }

@@ -13,7 +13,6 @@ use crate::error::ProtocolViolation;
 use crate::proto::fetch::Chunk;
 use crate::proto::records::{
     AbortedTransactions, BatchAction, BatchIter, Compression, DecodeLimits, decode_batch,
-    decode_batch_unverified,
 };
 use crate::types::{Entry, Records, TopicPartition};
 
@@ -74,9 +73,9 @@ impl ChunkCursor {
     }
 
     /// Decodes batches until the piece holds `soft_cap` decompressed bytes (at least one batch
-    /// with records) or the chunk ends. `limit` caps one batch's decompressed size; `check_crc`
-    /// is `check.crcs`.
-    pub(crate) fn next_piece(&mut self, limit: usize, soft_cap: usize, check_crc: bool) -> Piece {
+    /// with records) or the chunk ends. `limits` cap one batch's decompressed size and say
+    /// whether CRCs are checked.
+    pub(crate) fn next_piece(&mut self, limits: &DecodeLimits, soft_cap: usize) -> Piece {
         let mut p = Piece::default();
         while !self.done {
             let Some(item) = self.batches.next() else {
@@ -108,13 +107,7 @@ impl ChunkCursor {
                 }
             }
             let start = p.records.entries.len();
-            let limits = DecodeLimits::new(limit);
-            let decoded = if check_crc {
-                decode_batch(&batch, &limits, &mut p.records)
-            } else {
-                decode_batch_unverified(&batch, &limits, &mut p.records)
-            };
-            if let Err(v) = decoded {
+            if let Err(v) = decode_batch(&batch, limits, &mut p.records) {
                 self.fail(&mut p, v);
                 break;
             }

@@ -430,7 +430,7 @@ fn next_batch_len(buf: &[u8]) -> Result<Option<usize>, ProtocolViolation> {
     Ok((buf.len() >= len).then_some(len))
 }
 
-/// Limits on what decoding a batch may allocate.
+/// What decoding a batch may allocate, and whether it checks the batch's CRC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DecodeLimits {
@@ -438,17 +438,29 @@ pub struct DecodeLimits {
     /// buffer budget; a batch over it fails with [`ProtocolViolation::DecompressionLimit`].
     /// Uncompressed batches allocate nothing and are not limited.
     pub max_decompressed_bytes: usize,
+    /// Check each batch's CRC-32C before decoding it (the consumer's `check.crcs`); `true`
+    /// unless set otherwise with [`with_check_crc`](Self::with_check_crc).
+    pub check_crc: bool,
 }
 
 impl DecodeLimits {
     /// The default for [`max_decompressed_bytes`](Self::max_decompressed_bytes): 64 MiB.
     pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 64 * 1024 * 1024;
 
-    /// Limits with this cap on a batch's decompressed size.
+    /// Limits with this cap on a batch's decompressed size; CRCs are checked.
     pub const fn new(max_decompressed_bytes: usize) -> Self {
         Self {
             max_decompressed_bytes,
+            check_crc: true,
         }
+    }
+
+    /// The same limits, with the CRC check on or off. Without it every structural check still
+    /// holds, so bytes changed in transit can still yield records whose keys, values or
+    /// headers differ from what was written, but never a panic or an unbounded allocation.
+    pub const fn with_check_crc(mut self, check_crc: bool) -> Self {
+        self.check_crc = check_crc;
+        self
     }
 }
 
@@ -460,7 +472,7 @@ impl Default for DecodeLimits {
 
 /// Decodes every record of `batch` and appends them to `out`, in the batch's order.
 ///
-/// Checks the CRC, decompresses if needed (at most `limits.max_decompressed_bytes`), and checks
+/// Checks the CRC (unless `limits.check_crc` is off), decompresses if needed (at most `limits.max_decompressed_bytes`), and checks
 /// every record against the bytes that are there and the header's `record_count`. Keys, values
 /// and headers are slices of the fetched bytes (uncompressed) or of one decompressed buffer.
 /// Nothing is skipped: control records and records before the fetch position are appended too.
@@ -476,22 +488,9 @@ pub fn decode_batch(
     limits: &DecodeLimits,
     out: &mut Records,
 ) -> Result<(), ProtocolViolation> {
-    batch.verify_crc()?;
-    decode_batch_unverified(batch, limits, out)
-}
-
-/// [`decode_batch`] without the CRC check (the consumer's `check.crcs=false`): every other
-/// check still holds, so bytes changed in transit can still yield records whose keys, values
-/// or headers differ from what was written, but never a panic or an unbounded allocation.
-///
-/// # Errors
-///
-/// As [`decode_batch`], except [`ProtocolViolation::Crc`].
-pub fn decode_batch_unverified(
-    batch: &RecordBatch,
-    limits: &DecodeLimits,
-    out: &mut Records,
-) -> Result<(), ProtocolViolation> {
+    if limits.check_crc {
+        batch.verify_crc()?;
+    }
     let header = &batch.header;
     let count = usize::try_from(header.record_count)
         .map_err(|_| header.violation(format!("negative record count {}", header.record_count)))?;
