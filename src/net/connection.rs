@@ -92,35 +92,22 @@ struct Writer {
     queued: Notify,
 }
 
-#[derive(Default)]
-struct WriteQueue {
-    frames: VecDeque<Bytes>,
-    /// The writer task ended (a write failed); nothing more is written.
-    closed: bool,
-}
+/// Frames not yet written, the first perhaps in part. A failed write poisons the connection,
+/// which then takes no more requests, so the queue needs no state of its own for that.
+type WriteQueue = VecDeque<Bytes>;
 
 impl Writer {
-    /// Writes `frame` now if the socket takes it whole and nothing waits before it; queues it
-    /// (or the part not taken) for the writer task otherwise. Never blocks on the socket.
-    fn send(&self, mut frame: Bytes) -> std::io::Result<()> {
+    /// Queues `frame` and, if nothing waited before it, writes at once what the socket takes;
+    /// the writer task is woken for any rest. Never blocks on the socket.
+    fn send(&self, frame: Bytes) -> std::io::Result<()> {
         let mut queue = self.queue.lock();
-        if queue.closed {
-            return Err(std::io::ErrorKind::BrokenPipe.into());
-        }
-        if queue.frames.is_empty() {
-            match self.half.try_write(&frame) {
-                Ok(n) if n == frame.len() => return Ok(()),
-                Ok(n) => frame.advance(n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-            queue.frames.push_back(frame);
+        let idle = queue.is_empty();
+        queue.push_back(frame);
+        // If frames waited before it, the writer task, woken for the first of them, writes
+        // until the queue is empty.
+        if idle && !Self::write_queued(&self.half, &mut queue)? {
             drop(queue);
             self.queued.notify_one();
-        } else {
-            // The writer task was woken for the frame at the front and writes until the
-            // queue is empty.
-            queue.frames.push_back(frame);
         }
         Ok(())
     }
@@ -128,12 +115,15 @@ impl Writer {
     /// Writes what the queue holds, until it is empty or the socket is full.
     /// `Ok(true)`: the queue is empty; `Ok(false)`: wait until the socket is writable.
     fn drain(&self) -> std::io::Result<bool> {
-        let mut queue = self.queue.lock();
-        while let Some(front) = queue.frames.front_mut() {
-            match self.half.try_write(front) {
+        Self::write_queued(&self.half, &mut self.queue.lock())
+    }
+
+    fn write_queued(half: &OwnedWriteHalf, queue: &mut WriteQueue) -> std::io::Result<bool> {
+        while let Some(front) = queue.front_mut() {
+            match half.try_write(front) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) if n == front.len() => {
-                    queue.frames.pop_front();
+                    queue.pop_front();
                 }
                 Ok(n) => front.advance(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
@@ -262,7 +252,7 @@ impl Connection {
 
     /// False once the connection failed; the pool then replaces it.
     pub(crate) fn is_alive(&self) -> bool {
-        matches!(*self.shared.state.lock(), State::Open(_)) && !self.writer.queue.lock().closed
+        matches!(*self.shared.state.lock(), State::Open(_))
     }
 
     /// The version to use for an API on this broker, or a typed error when there is none.
@@ -395,7 +385,6 @@ async fn write_loop(writer: Arc<Writer>, shared: Arc<Shared>) {
             break e;
         }
     };
-    writer.queue.lock().closed = true;
     shared.poison(Error::Io {
         broker: shared.broker.clone(),
         source: err,
