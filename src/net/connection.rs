@@ -395,8 +395,13 @@ async fn write_loop(writer: Arc<Writer>, shared: Arc<Shared>) {
 /// prefix alone never makes us allocate more than this ahead of the bytes that arrived.
 const GROW_STEP: usize = 16 << 20;
 
+/// At most this much is read while no frame is known: a small response usually arrives whole
+/// in one such read, and of a larger frame only this much is copied into the frame's own
+/// buffer (a fetch response of 1 MiB would otherwise pay for copying a whole socket read).
+const HEAD_READ: usize = 8 * 1024;
+
 async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize) {
-    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut buf = BytesMut::with_capacity(HEAD_READ);
     let err = loop {
         match read_frame(&mut rd, &mut buf, max).await {
             Ok(frame) => {
@@ -435,7 +440,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
     max: usize,
 ) -> Result<Bytes, ReadError> {
     while buf.len() < frame::LENGTH_PREFIX {
-        fill(rd, buf, 64 * 1024).await?;
+        fill(rd, buf, HEAD_READ).await?;
     }
     let prefix = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let len = frame::check_length(prefix, max).map_err(ReadError::Protocol)?;
@@ -468,8 +473,8 @@ async fn fill<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     want: usize,
 ) -> Result<(), ReadError> {
-    buf.reserve(want.max(8 * 1024));
-    read_some(rd, buf).await
+    buf.reserve(want);
+    read_some(rd, &mut (&mut *buf).limit(want)).await
 }
 
 /// One read into `buf`'s spare room; the end of the stream is an error.
