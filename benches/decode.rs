@@ -139,9 +139,12 @@ fn fetch_response(records: Bytes) -> Bytes {
 
 /// The path under test: check the response's structure, decode it, split, decode every batch.
 fn decode_response(frame: &Bytes, out: &mut Records) -> usize {
+    decode_response_with(frame, out, &DecodeLimits::default())
+}
+
+fn decode_response_with(frame: &Bytes, out: &mut Records, limits: &DecodeLimits) -> usize {
     check_fetch_response(frame, FETCH_VERSION).unwrap();
     let response = FetchResponse::decode(&mut frame.clone(), FETCH_VERSION).unwrap();
-    let limits = DecodeLimits::default();
     out.clear();
     for topic in &response.responses {
         for partition in &topic.partitions {
@@ -149,7 +152,7 @@ fn decode_response(frame: &Bytes, out: &mut Records) -> usize {
                 continue;
             };
             for batch in BatchIter::new(records.clone()) {
-                decode_batch(&batch.unwrap(), &limits, out).unwrap();
+                decode_batch(&batch.unwrap(), limits, out).unwrap();
             }
         }
     }
@@ -209,6 +212,21 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(decode_response_kafka_protocol(black_box(frame))))
         });
     }
+    // The uncompressed response again with `check.crcs=false`: the records alone, without
+    // the CRC.
+    let (_, frame, plain) = &cases[0];
+    group.throughput(Throughput::Bytes(*plain as u64));
+    let mut out = Records::new();
+    let unverified = DecodeLimits::default().with_check_crc(false);
+    group.bench_function("kafka-source/none-unverified", |b| {
+        b.iter(|| {
+            black_box(decode_response_with(
+                black_box(frame),
+                &mut out,
+                &unverified,
+            ))
+        })
+    });
     group.finish();
 
     // The structural check alone, on the uncompressed response (its cost does not depend on
