@@ -107,15 +107,10 @@ impl ChunkCursor {
                 }
             }
             let start = p.records.entries.len();
+            let segments = p.records.segments.len();
             if let Err(v) = decode_batch(&batch, limits, &mut p.records) {
                 self.fail(&mut p, v);
                 break;
-            }
-            if header.compression().is_some_and(|c| c != Compression::None)
-                && p.records.entries.len() > start
-            {
-                // The records hold the whole decompressed payload.
-                p.decompressed_bytes += p.records.segments.last().map_or(0, |s| s.bytes.len());
             }
             if header.base_offset < self.fetch_offset {
                 let below = p.records.entries[start..]
@@ -123,6 +118,14 @@ impl ChunkCursor {
                     .take_while(|r| r.offset < self.fetch_offset)
                     .count();
                 p.records.entries.drain(start..start + below);
+            }
+            if p.records.entries.len() == start {
+                // Nothing of this batch is handed out (compaction left only records below the
+                // position): its payload is not kept either.
+                p.records.segments.truncate(segments);
+            } else if header.compression().is_some_and(|c| c != Compression::None) {
+                // The records hold the whole decompressed payload.
+                p.decompressed_bytes += p.records.segments.last().map_or(0, |s| s.bytes.len());
             }
             self.position = self.position.max(next);
             if !p.records.is_empty() && p.decompressed_bytes + payload(&p.records) >= soft_cap {
@@ -145,4 +148,99 @@ impl ChunkCursor {
 /// fetched chunk's bytes, or `decompressed_bytes`).
 fn payload(records: &Records) -> usize {
     std::mem::size_of_val::<[Entry]>(&records.entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::records::{
+        Compression as KpCompression, Record as KpRecord, RecordBatchEncoder, RecordEncodeOptions,
+        TimestampType,
+    };
+
+    use super::*;
+
+    /// A batch of records at `offsets`, its last offset delta then set to `last_offset_delta`:
+    /// what compaction leaves when it removes the batch's last records.
+    fn compacted(offsets: &[i64], last_offset_delta: i32, codec: KpCompression) -> Bytes {
+        let records: Vec<KpRecord> = offsets
+            .iter()
+            .zip(0..)
+            .map(|(&offset, sequence)| KpRecord {
+                transactional: false,
+                control: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset,
+                // Consecutive sequences keep the records in one batch.
+                sequence,
+                timestamp: 1_700_000_000_000 + offset,
+                key: None,
+                value: Some(Bytes::from(vec![7; 500])),
+                headers: Default::default(),
+                delete_horizon: false,
+            })
+            .collect();
+        let mut buf = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: codec,
+            },
+        )
+        .unwrap();
+        buf[23..27].copy_from_slice(&last_offset_delta.to_be_bytes());
+        let crc = crc32c::crc32c(&buf[21..]);
+        buf[17..21].copy_from_slice(&crc.to_be_bytes());
+        buf.freeze()
+    }
+
+    fn piece_from(records: Bytes, fetch_offset: i64, next_offset: i64) -> Piece {
+        let chunk = Chunk {
+            tp: TopicPartition::new("t", 0),
+            generation: 0,
+            fetch_offset,
+            records,
+            next_offset,
+            aborted: Vec::new(),
+        };
+        let mut cursor = ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted);
+        let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX);
+        assert!(cursor.is_done());
+        piece
+    }
+
+    #[test]
+    fn a_batch_with_every_record_below_the_position_keeps_no_payload() {
+        for codec in [KpCompression::None, KpCompression::Lz4] {
+            // Offsets 0..=9 were written; compaction kept 0..=2. The position is 5.
+            let piece = piece_from(compacted(&[0, 1, 2], 9, codec), 5, 10);
+            assert!(piece.error.is_none(), "{codec:?}: {:?}", piece.error);
+            assert!(piece.records.is_empty(), "{codec:?}");
+            assert!(piece.records.segments.is_empty(), "{codec:?}");
+            assert_eq!(piece.decompressed_bytes, 0, "{codec:?}");
+            assert_eq!(piece.next_offset, 10, "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn a_batch_with_records_at_the_position_keeps_its_payload() {
+        for codec in [KpCompression::None, KpCompression::Lz4] {
+            // Offsets 0..=9 were written; compaction kept 0..=2. The position is 2.
+            let piece = piece_from(compacted(&[0, 1, 2], 9, codec), 2, 10);
+            assert!(piece.error.is_none(), "{codec:?}: {:?}", piece.error);
+            let offsets: Vec<i64> = piece.records.iter().map(|r| r.offset).collect();
+            assert_eq!(offsets, [2], "{codec:?}");
+            assert_eq!(piece.records.segments.len(), 1, "{codec:?}");
+            let payload = piece.records.segments[0].bytes.len();
+            match codec {
+                KpCompression::None => assert_eq!(piece.decompressed_bytes, 0),
+                _ => assert_eq!(piece.decompressed_bytes, payload, "{codec:?}"),
+            }
+            assert_eq!(piece.next_offset, 10, "{codec:?}");
+        }
+    }
 }
