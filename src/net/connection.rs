@@ -27,6 +27,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::error::{ApiContext, BrokerRef, Error, ProtocolViolation, Result};
+use crate::net::frame_pool::FramePool;
 use crate::proto::frame;
 use crate::proto::versions::{BrokerVersions, Window};
 
@@ -402,8 +403,9 @@ const HEAD_READ: usize = 8 * 1024;
 
 async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize) {
     let mut buf = BytesMut::with_capacity(HEAD_READ);
+    let pool = Arc::new(FramePool::default());
     let err = loop {
-        match read_frame(&mut rd, &mut buf, max).await {
+        match read_frame(&mut rd, &mut buf, &pool, max).await {
             Ok(frame) => {
                 if let Err(e) = deliver(&shared, frame) {
                     break e;
@@ -437,6 +439,7 @@ enum ReadError {
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
+    pool: &Arc<FramePool>,
     max: usize,
 ) -> Result<Bytes, ReadError> {
     while buf.len() < frame::LENGTH_PREFIX {
@@ -450,11 +453,11 @@ async fn read_frame<R: AsyncRead + Unpin>(
         frame.advance(frame::LENGTH_PREFIX);
         return Ok(frame.freeze());
     }
-    // The rest of the frame is read into an allocation of its own, exactly its size. Cut from
-    // the shared read buffer instead, a frame would keep that whole buffer alive (and it grows
-    // by doubling) for as long as any frame cut from it is held: memory the fetch budget,
-    // which counts frame bytes, would not see.
-    let mut frame: Vec<u8> = Vec::with_capacity(len.min(GROW_STEP));
+    // The rest of the frame is read into a buffer of its own, of its size (or a spare of the
+    // connection's a little larger). Cut from the shared read buffer instead, a frame would
+    // keep that whole buffer alive (and it grows by doubling) for as long as any frame cut
+    // from it is held: memory the fetch budget, which counts frame bytes, would not see.
+    let mut frame = pool.take(len.min(GROW_STEP));
     frame.extend_from_slice(&buf[frame::LENGTH_PREFIX..]);
     buf.clear();
     while frame.len() < len {
@@ -465,7 +468,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
         let missing = len - frame.len();
         read_some(rd, &mut (&mut frame).limit(missing)).await?;
     }
-    Ok(Bytes::from(frame))
+    Ok(pool.frame(frame))
 }
 
 async fn fill<R: AsyncRead + Unpin>(
@@ -677,7 +680,7 @@ mod tests {
             tx.write_all(&prefix.to_be_bytes()).await.unwrap();
             tx.write_all(&[7u8; 100]).await.unwrap();
             let mut buf = BytesMut::with_capacity(64 * 1024);
-            let res = read_frame(&mut rx, &mut buf, 100 << 20).await;
+            let res = read_frame(&mut rx, &mut buf, &Arc::default(), 100 << 20).await;
             assert!(
                 matches!(res, Err(ReadError::Protocol(_))),
                 "prefix {prefix}"
@@ -692,7 +695,7 @@ mod tests {
         let (mut tx, mut rx) = tokio::io::duplex(1024);
         tx.write_all(&(2000i32).to_be_bytes()).await.unwrap();
         let mut buf = BytesMut::new();
-        match read_frame(&mut rx, &mut buf, 1000).await {
+        match read_frame(&mut rx, &mut buf, &Arc::default(), 1000).await {
             Err(ReadError::Protocol(ProtocolViolation::FrameTooLarge {
                 claimed: 2000,
                 max: 1000,
@@ -720,8 +723,11 @@ mod tests {
                 }
             });
             let mut buf = BytesMut::with_capacity(64 * 1024);
+            // Each frame is dropped before the next is read: large frames reuse the buffers
+            // of the large frames before them.
+            let pool = Arc::default();
             for (i, &n) in sizes.iter().enumerate() {
-                let Ok(frame) = read_frame(&mut rx, &mut buf, 1 << 20).await else {
+                let Ok(frame) = read_frame(&mut rx, &mut buf, &pool, 1 << 20).await else {
                     panic!("cut {cut}, frame {i}: read failed");
                 };
                 assert_eq!(frame.len(), n, "cut {cut}, frame {i}");
@@ -732,6 +738,10 @@ mod tests {
             }
             writer.await.unwrap();
             assert!(buf.is_empty(), "cut {cut}: nothing left over");
+            assert!(
+                !pool.spare_capacities().is_empty(),
+                "cut {cut}: buffers came back"
+            );
         }
     }
 
