@@ -5,8 +5,13 @@
 //! usually served by fresh pages (glibc maps allocations above its mmap threshold, and returns
 //! the top of its heap to the kernel when it grows past the trim threshold), so every response
 //! paid a page fault, and the zeroing of a page, per 4 KiB it received. A buffer taken from
-//! here is already mapped. At most [`SPARE_BUFFERS`] buffers of at most [`MAX_POOLED`] bytes
-//! wait here per connection; every other buffer is freed as before.
+//! here is already mapped.
+//!
+//! The fetch budget counts a frame's length, not its buffer's capacity, so a spare more than a
+//! sixteenth larger than the frame it is taken for is first shrunk to the frame's size (the
+//! allocator takes the tail back; a mapped buffer's tail pages go back to the kernel). At most
+//! [`SPARE_BUFFERS`] buffers of at most [`MAX_POOLED`] bytes wait here per connection; a full
+//! pool lets its oldest spare go, so spares follow the sizes the connection sees now.
 
 use std::sync::Arc;
 
@@ -31,13 +36,19 @@ pub(crate) struct FramePool {
 }
 
 impl FramePool {
-    /// An empty buffer with room for at least `capacity` bytes: the most recently returned
-    /// spare if it is large enough, otherwise a new allocation (a spare too small is freed,
-    /// so the pool follows the frame sizes the connection sees).
+    /// An empty buffer with room for at least `capacity` bytes, at most a sixteenth more: the
+    /// most recent spare large enough, shrunk if need be, otherwise a new allocation.
     pub(crate) fn take(&self, capacity: usize) -> Vec<u8> {
         if capacity >= MIN_POOLED {
-            let spare = self.spare.lock().pop();
-            if let Some(buf) = spare.filter(|buf| buf.capacity() >= capacity) {
+            let found = {
+                let mut spare = self.spare.lock();
+                let at = spare.iter().rposition(|buf| buf.capacity() >= capacity);
+                at.map(|at| spare.remove(at))
+            };
+            if let Some(mut buf) = found {
+                if buf.capacity() > capacity + capacity / 16 {
+                    buf.shrink_to(capacity);
+                }
                 return buf;
             }
         }
@@ -58,10 +69,13 @@ impl FramePool {
 
     fn put(&self, mut buf: Vec<u8>) {
         buf.clear();
-        let mut spare = self.spare.lock();
-        if spare.len() < SPARE_BUFFERS {
+        let oldest = {
+            let mut spare = self.spare.lock();
             spare.push(buf);
-        }
+            (spare.len() > SPARE_BUFFERS).then(|| spare.remove(0))
+        };
+        // Freed outside the lock.
+        drop(oldest);
     }
 
     #[cfg(test)]
@@ -110,7 +124,7 @@ mod tests {
         assert_eq!(view, [1u8; 10][..]);
         drop(view);
         assert_eq!(pool.spare_capacities().len(), 1);
-        let second = pool.frame(filled(&pool, 90_000, 2));
+        let second = pool.frame(filled(&pool, 99_000, 2));
         assert_eq!(second.as_ptr(), at, "the spare buffer is reused");
         assert!(second.iter().all(|&b| b == 2));
         assert!(pool.spare_capacities().is_empty());
@@ -119,11 +133,12 @@ mod tests {
     #[test]
     fn the_pool_keeps_a_bounded_number_of_buffers_of_bounded_size() {
         let pool = Arc::new(FramePool::default());
-        let frames: Vec<Bytes> = (0..5)
-            .map(|i| pool.frame(filled(&pool, MIN_POOLED + i, 0)))
+        let frames: Vec<Bytes> = (1..=5)
+            .map(|i| pool.frame(filled(&pool, i * MIN_POOLED, 0)))
             .collect();
         drop(frames);
-        assert_eq!(pool.spare_capacities().len(), SPARE_BUFFERS);
+        // The last two returned stay; the older ones were let go.
+        assert_eq!(pool.spare_capacities(), [4 * MIN_POOLED, 5 * MIN_POOLED]);
 
         // Too small or too large: freed, never kept.
         let pool = Arc::new(FramePool::default());
@@ -133,16 +148,27 @@ mod tests {
     }
 
     #[test]
-    fn a_spare_too_small_for_the_frame_is_freed_not_used() {
+    fn a_frame_takes_a_spare_of_about_its_size() {
         let pool = Arc::new(FramePool::default());
-        drop(pool.frame(filled(&pool, MIN_POOLED, 0)));
-        assert_eq!(pool.spare_capacities(), [MIN_POOLED]);
-        let big = pool.take(4 * MIN_POOLED);
-        assert!(big.capacity() >= 4 * MIN_POOLED);
+        drop(pool.frame(filled(&pool, 4 * MIN_POOLED, 0)));
+        assert_eq!(pool.spare_capacities(), [4 * MIN_POOLED]);
+        // Too small for the frame: not used, and kept for a frame it fits.
+        let bigger = pool.take(5 * MIN_POOLED);
+        assert!(bigger.capacity() >= 5 * MIN_POOLED);
+        assert_eq!(pool.spare_capacities(), [4 * MIN_POOLED]);
+        // Up to a sixteenth larger than the frame: used as it is.
+        let close = 4 * MIN_POOLED - 100;
+        assert_eq!(pool.take(close).capacity(), 4 * MIN_POOLED);
+        assert!(pool.spare_capacities().is_empty());
+        // Larger still: used, shrunk to the frame (the budget counts the frame, not the
+        // buffer).
+        drop(pool.frame(bigger));
+        let small = pool.take(2 * MIN_POOLED);
+        assert_eq!(small.capacity(), 2 * MIN_POOLED);
         assert!(pool.spare_capacities().is_empty());
         // Small frames never take a spare.
-        drop(pool.frame(big));
+        drop(pool.frame(small));
         assert_eq!(pool.take(100).capacity(), 100);
-        assert_eq!(pool.spare_capacities().len(), 1);
+        assert_eq!(pool.spare_capacities(), [2 * MIN_POOLED]);
     }
 }
