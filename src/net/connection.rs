@@ -113,10 +113,13 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes what the queue holds, until it is empty or the socket is full.
-    /// `Ok(true)`: the queue is empty; `Ok(false)`: wait until the socket is writable.
-    fn drain(&self) -> std::io::Result<bool> {
-        Self::write_queued(&self.half, &mut self.queue.lock())
+    /// Writes what the queue holds, waiting for the socket to become writable whenever it is
+    /// full, until the queue is empty.
+    async fn flush(&self) -> std::io::Result<()> {
+        while !Self::write_queued(&self.half, &mut self.queue.lock())? {
+            self.half.writable().await?;
+        }
+        Ok(())
     }
 
     fn write_queued(half: &OwnedWriteHalf, queue: &mut WriteQueue) -> std::io::Result<bool> {
@@ -371,18 +374,7 @@ impl Connection {
 async fn write_loop(writer: Arc<Writer>, shared: Arc<Shared>) {
     let err = loop {
         writer.queued.notified().await;
-        let res = loop {
-            match writer.drain() {
-                Ok(true) => break Ok(()),
-                Ok(false) => {
-                    if let Err(e) = writer.half.writable().await {
-                        break Err(e);
-                    }
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        if let Err(e) = res {
+        if let Err(e) = writer.flush().await {
             break e;
         }
     };
