@@ -967,4 +967,4 @@ fn bad_length(what: &str, len: i32) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

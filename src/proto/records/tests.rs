@@ -21,10 +21,11 @@ const CODECS: [(KpCompression, Compression); 5] = [
 
 const ATTRIBUTES_OFFSET: usize = 21;
 const RECORD_COUNT_OFFSET: usize = 57;
+pub(crate) const LAST_OFFSET_DELTA_OFFSET: usize = 23;
 
 type Header<'a> = (&'a str, Option<&'a [u8]>);
 
-fn record(
+pub(crate) fn record(
     offset: i64,
     timestamp: i64,
     key: Option<&[u8]>,
@@ -98,7 +99,7 @@ fn sample_records(base_offset: i64) -> Vec<KpRecord> {
     ]
 }
 
-fn encode(records: &[KpRecord], codec: KpCompression) -> Bytes {
+pub(crate) fn encode(records: &[KpRecord], codec: KpCompression) -> Bytes {
     let mut buf = BytesMut::new();
     RecordBatchEncoder::encode(
         &mut buf,
@@ -125,7 +126,7 @@ fn fix_length(batch: &mut [u8]) {
 }
 
 /// Applies `f` to a copy of `batch`, then fixes its length and CRC.
-fn patched(batch: &[u8], f: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+pub(crate) fn patched(batch: &[u8], f: impl FnOnce(&mut Vec<u8>)) -> Bytes {
     let mut bytes = batch.to_vec();
     f(&mut bytes);
     fix_length(&mut bytes);
