@@ -472,11 +472,12 @@ impl Default for DecodeLimits {
 
 /// Decodes every record of `batch` and appends them to `out`, in the batch's order.
 ///
-/// Checks the CRC (unless `limits.check_crc` is off), decompresses if needed (at most `limits.max_decompressed_bytes`), and checks
-/// every record against the bytes that are there and the header's `record_count`. Keys, values
-/// and headers are slices of the fetched bytes (uncompressed) or of one decompressed buffer.
-/// Nothing is skipped: control records and records before the fetch position are appended too.
-/// A batch with `record_count == 0` yields nothing and is not decompressed (as in Java).
+/// Checks the CRC (unless `limits.check_crc` is off), decompresses if needed (at most
+/// `limits.max_decompressed_bytes`), and checks every record against the bytes that are there
+/// and the header's `record_count`. Keys, values and headers are slices of the fetched bytes
+/// (uncompressed) or of one decompressed buffer. Nothing is skipped: control records and
+/// records before the fetch position are appended too. A batch with `record_count == 0` yields
+/// nothing and is not decompressed (as in Java).
 ///
 /// # Errors
 ///
