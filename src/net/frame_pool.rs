@@ -20,14 +20,14 @@ use parking_lot::Mutex;
 
 /// How many freed buffers a connection keeps: one for the frame being read while the
 /// application still holds the one before, one more for a response that arrives early.
-pub(crate) const SPARE_BUFFERS: usize = 2;
+const SPARE_BUFFERS: usize = 2;
 
 /// Frames below this size are not worth a buffer of their own: the heap serves them from
 /// memory it already holds.
-pub(crate) const MIN_POOLED: usize = 64 * 1024;
+const MIN_POOLED: usize = 64 * 1024;
 
 /// Buffers above this size are freed, not kept.
-pub(crate) const MAX_POOLED: usize = 16 << 20;
+const MAX_POOLED: usize = 16 << 20;
 
 /// A connection's spare receive buffers.
 #[derive(Debug, Default)]
