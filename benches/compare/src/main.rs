@@ -17,6 +17,9 @@
 //! peak RSS with a slow application. The report (markdown, CSV and PNG plots)
 //! goes to `target/compare/`.
 //!
+//! The driver exits with status 1, after writing the report, when any measured run failed (a
+//! child that crashed, timed out or read fewer records than the topic holds).
+//!
 //! `compare child KIND ..` is how the driver starts the Rust consumers; see [`child`].
 
 mod child;
@@ -352,13 +355,24 @@ fn main() {
             .collect(),
         took: started.elapsed(),
     };
-    let markdown = report.write(&out);
+    let markdown = report.write(&out).unwrap_or_else(|e| {
+        eprintln!("[compare] {e}");
+        std::process::exit(1)
+    });
     println!("{markdown}");
     eprintln!(
         "[compare] done in {:.0} s; report in {}",
         started.elapsed().as_secs_f64(),
         out.join("report.md").display()
     );
+    let failed = report.failed_runs();
+    if failed > 0 {
+        eprintln!(
+            "[compare] {failed} measured run(s) failed; the children's output is in {}",
+            log.display()
+        );
+        std::process::exit(1);
+    }
 }
 
 fn usage(why: &str) -> ! {

@@ -183,6 +183,13 @@ impl Report {
             .count()
     }
 
+    /// Measured runs of any kind (throughput, commit latency, slow application) that failed.
+    pub(crate) fn failed_runs(&self) -> usize {
+        self.throughput.iter().filter(|r| r.run.is_none()).count()
+            + self.latency.iter().filter(|(_, r)| r.is_none()).count()
+            + self.slow.iter().filter(|r| r.is_none()).count()
+    }
+
     fn rate(&self, case: usize, client: Client) -> Option<Spread> {
         spread(self.runs(case, client).iter().map(|m| m.records_per_s))
     }
@@ -195,15 +202,17 @@ impl Report {
             .collect()
     }
 
-    /// Writes `report.md`, `runs.csv` and the plots into `out`; returns the markdown.
-    pub(crate) fn write(&self, out: &Path) -> String {
+    /// Writes `report.md`, `runs.csv` and the plots into `out`; returns the markdown, or what
+    /// could not be written.
+    pub(crate) fn write(&self, out: &Path) -> Result<String, String> {
         let md = self.markdown();
-        let _ = fs::write(out.join("report.md"), &md);
-        let _ = fs::write(out.join("runs.csv"), self.csv());
-        if let Err(e) = self.plots(out) {
-            eprintln!("[compare] plots not drawn: {e}");
+        for (name, text) in [("report.md", md.as_str()), ("runs.csv", &self.csv())] {
+            let path = out.join(name);
+            fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }
-        md
+        self.plots(out)
+            .map_err(|e| format!("plots not drawn: {e}"))?;
+        Ok(md)
     }
 
     fn markdown(&self) -> String {
