@@ -12,9 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
 use std::collections::BTreeMap;
 
 use kafka_protocol::error::ParseResponseErrorCode;
@@ -31,6 +28,7 @@ use tokio::time::Instant;
 
 use crate::checkpoint::{CheckpointShared, CommitOutcome};
 use crate::error::{Error, Result};
+use crate::net::inflight::InFlight;
 use crate::net::pool::{ConnKey, Pool};
 use crate::proto::commit::{self, Action, Committer, Finished};
 use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, ListPlan, Outcome};
@@ -222,7 +220,7 @@ pub(crate) struct Driver {
     fetch: FetchState,
     commands: mpsc::UnboundedReceiver<Command>,
     out: mpsc::UnboundedSender<Delivery>,
-    inflight: FuturesUnordered<BoxFuture<'static, Completion>>,
+    inflight: InFlight<Completion>,
     /// Leaders with a fetch in flight.
     busy: HashSet<i32>,
     /// Bytes reserved by fetches in flight.
@@ -279,7 +277,7 @@ impl Driver {
             fetch,
             commands,
             out,
-            inflight: FuturesUnordered::new(),
+            inflight: InFlight::new(),
             busy: HashSet::new(),
             reserved: 0,
             metadata_in_flight: false,
@@ -317,7 +315,7 @@ impl Driver {
                     Some(cmd) => self.handle_command(cmd),
                     None => return,
                 },
-                Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
+                done = self.inflight.next(), if !self.inflight.is_empty() => {
                     self.handle_completion(done);
                 }
                 () = self.shared.budget_freed.notified() => {}
