@@ -182,7 +182,8 @@ enum Completion {
     Fetch(FetchPlan, Result<FetchResponse>),
     FindCoordinator(u64, Result<FindCoordinatorResponse>),
     Commit(u64, Result<OffsetCommitResponse>),
-    /// A query finished; its answer went to its own channel.
+    /// A query finished and its answer went to its own channel, or a connection was warmed up:
+    /// nothing left to handle.
     Answered,
     GroupFind(u64, Result<(i32, String)>),
     Join(u64, Result<kafka_protocol::messages::JoinGroupResponse>),
@@ -565,6 +566,15 @@ impl Driver {
         for plan in self.fetch.plan_list_offsets(std_now, &self.meta) {
             let req = self.fetch.list_offsets_request(&plan);
             let pool = Arc::clone(&self.pool);
+            // The partitions' first Fetch goes to the same leader on its data connection:
+            // connect it (and negotiate its versions) while ListOffsets is answered, instead of
+            // after. A failure here is met again, and reported, by that Fetch.
+            let warm = Arc::clone(&pool);
+            let node = plan.node;
+            self.inflight.push(Box::pin(async move {
+                let _ = warm.get(ConnKey::Data(node)).await;
+                Completion::Answered
+            }));
             self.inflight.push(Box::pin(async move {
                 let res = async {
                     let conn = pool.get(ConnKey::Control(plan.node)).await?;
