@@ -3,7 +3,8 @@
 //!
 //! A child consumes, prints one `RESULT key=value ...` line on stdout and then waits for its
 //! stdin to close, so that the driver reads `/proc/<pid>` of a process that is done but still
-//! there. Every child stops by itself after [`CHILD_DEADLINE`].
+//! there. The line ends with `cpu_s`, the process's CPU time (all threads, start-up included)
+//! to nanoseconds. Every child stops by itself after [`CHILD_DEADLINE`].
 
 use std::io::Read as _;
 use std::sync::Arc;
@@ -54,7 +55,12 @@ pub(crate) fn main(args: &[String]) -> ! {
     };
     match result {
         Ok(line) => {
-            println!("RESULT {line}");
+            let cpu = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
+                .map(|t| Duration::from(t).as_secs_f64());
+            match cpu {
+                Ok(cpu) => println!("RESULT {line} cpu_s={cpu:.6}"),
+                Err(_) => println!("RESULT {line}"),
+            }
             // Stay until the driver has read /proc/<pid> and closes stdin.
             let _ = std::io::stdin().read_to_end(&mut Vec::new());
             std::process::exit(0)

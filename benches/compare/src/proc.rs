@@ -21,7 +21,8 @@ pub(crate) struct ChildRun {
     pub(crate) result: Option<Vec<(String, String)>>,
     /// Peak resident set size (`VmHWM`), in bytes.
     pub(crate) peak_rss: u64,
-    /// User + system CPU time of the whole process (all threads).
+    /// User + system CPU time of the whole process (all threads): the `cpu_s` it reported,
+    /// else from `/proc/<pid>/stat` (10 ms ticks).
     pub(crate) cpu_secs: f64,
     /// Whether it exited with status 0 (or was done and told to exit).
     pub(crate) ok: bool,
@@ -119,6 +120,9 @@ pub(crate) fn run(mut cmd: Command, log: &Path, timeout: Duration) -> ChildRun {
         }
         run.stdout.push_str(&line);
         run.stdout.push('\n');
+    }
+    if let Some(cpu) = run.get("cpu_s").and_then(|v| v.parse().ok()) {
+        run.cpu_secs = cpu;
     }
     run
 }
