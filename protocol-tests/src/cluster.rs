@@ -632,6 +632,13 @@ impl Cluster {
         signal("CONT", &self.running_pid(id, "resume").to_string());
     }
 
+    /// The process id of node `id`'s JVM while this harness runs it; `None` for an external
+    /// cluster or a node that is not running.
+    pub fn pid(&self, id: i32) -> Option<u32> {
+        let node = self.nodes.iter().find(|n| n.id == id)?;
+        node.process().as_ref().map(|run| run.java.id())
+    }
+
     fn running_pid(&self, id: i32, what: &str) -> u32 {
         let node = self.own_node(id, what);
         let guard = node.process();

@@ -235,6 +235,7 @@ fn main() {
     eprintln!("[compare] starting Apache Kafka (harness), {BROKER_PROPERTIES:?}");
     let cluster = Cluster::single_with_properties(BROKER_PROPERTIES);
     let bootstrap = cluster.bootstrap();
+    let broker_pid = cluster.node_ids().first().and_then(|&id| cluster.pid(id));
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -251,7 +252,7 @@ fn main() {
             let mut order = Client::ALL.to_vec();
             order.rotate_left((round + ci) % Client::ALL.len());
             for client in order {
-                let run = run_throughput(client, case, &bootstrap, &log);
+                let run = run_throughput(client, case, &bootstrap, broker_pid, &log);
                 let warm = round < plan.warmups;
                 eprintln!(
                     "[compare] round {}/{rounds}{} {:<16} {:<26} {}",
@@ -483,7 +484,33 @@ fn compile_java(out: &Path) -> PathBuf {
     dir
 }
 
-fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> Option<Measured> {
+/// One throughput run of `client` on `case`. With the broker's process id, the broker's CPU
+/// time during the run is measured too.
+fn run_throughput(
+    client: Client,
+    case: &Case,
+    bootstrap: &str,
+    broker: Option<u32>,
+    log: &Path,
+) -> Option<Measured> {
+    let broker_before = broker.and_then(proc::threads_cpu_secs);
+    let measured = run_throughput_child(client, case, bootstrap, log)?;
+    let broker_after = broker.and_then(proc::threads_cpu_secs);
+    let broker_cpu = broker_before
+        .zip(broker_after)
+        .map(|(before, after)| after - before);
+    Some(Measured {
+        broker_cpu_per_million: broker_cpu.map(|c| c / (case.records as f64 / 1e6)),
+        ..measured
+    })
+}
+
+fn run_throughput_child(
+    client: Client,
+    case: &Case,
+    bootstrap: &str,
+    log: &Path,
+) -> Option<Measured> {
     let timeout = child::CHILD_DEADLINE + Duration::from_secs(30);
     // (run, records, first record s, records/s after the first record, elapsed s)
     type Parsed = (ChildRun, u64, Option<f64>, Option<f64>, f64);
@@ -552,6 +579,7 @@ fn run_throughput(client: Client, case: &Case, bootstrap: &str, log: &Path) -> O
         first_ms: first.map(|s| s * 1e3),
         cpu_secs: run.cpu_secs,
         cpu_per_million: run.cpu_secs / (case.records as f64 / 1e6),
+        broker_cpu_per_million: None,
         peak_rss: run.peak_rss,
     })
 }
@@ -569,6 +597,9 @@ pub(crate) struct Measured {
     pub(crate) first_ms: Option<f64>,
     pub(crate) cpu_secs: f64,
     pub(crate) cpu_per_million: f64,
+    /// The broker's CPU time (all its threads) during the run, from starting the client to its
+    /// exit, per million records; `None` for an external broker.
+    pub(crate) broker_cpu_per_million: Option<f64>,
     pub(crate) peak_rss: u64,
 }
 

@@ -154,6 +154,24 @@ fn read_proc(pid: u32) -> Option<(u64, f64)> {
     Some((hwm_kib * 1024, (utime + stime) as f64 / clock_ticks()))
 }
 
+/// CPU time of every live thread of `pid`, in seconds, from `/proc/<pid>/task/*/schedstat`
+/// (nanoseconds on the CPU). Threads that ended are not counted: for a long-running process
+/// such as the broker, read it before and after a run and take the difference.
+pub(crate) fn threads_cpu_secs(pid: u32) -> Option<f64> {
+    let mut ns = 0u64;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        // A thread that ends between the listing and the read is left out.
+        if let Ok(stat) = fs::read_to_string(task.path().join("schedstat")) {
+            ns += stat
+                .split_whitespace()
+                .next()
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Some(ns as f64 / 1e9)
+}
+
 /// `getconf CLK_TCK` (100 on Linux unless told otherwise).
 fn clock_ticks() -> f64 {
     static TICKS: OnceLock<f64> = OnceLock::new();

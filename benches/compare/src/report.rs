@@ -257,9 +257,11 @@ impl Report {
              the first record to the last, which leaves out start-up but flatters a client that \
              fetches much before handing out its first record (rskafka asks for up to 50 MiB per \
              partition). MB/s are of key + value bytes. CPU is user + system time of the \
-             client's process (all threads, start-up included) per million records; peak RSS is \
-             its `VmHWM`. Columns after the ratio are medians. Each client \
-             runs with its defaults and commits nothing.\n",
+             client's process (all threads, start-up included) per million records; broker CPU \
+             is the broker's (all its threads) from starting the client to its exit, per million \
+             records (n/a for an external broker). Peak RSS is the client's `VmHWM`. Columns \
+             after the ratio are medians. Each client runs with its defaults and commits \
+             nothing.\n",
             grouped(p.records_small as f64),
             grouped(p.records_large as f64),
             p.reps,
@@ -267,9 +269,9 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| topic | client | records/s | MB/s | kafka-source ÷ client | first record ms | records/s after the first | CPU s / M records | peak RSS MiB |"
+            "| topic | client | records/s | MB/s | kafka-source ÷ client | first record ms | records/s after the first | CPU s / M records | broker CPU s / M records | peak RSS MiB |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
         for (ci, case) in self.cases.iter().enumerate() {
             let ours = self.rate(ci, Client::Ours);
             for client in Client::ALL {
@@ -283,7 +285,7 @@ impl Report {
                 let Some(rate) = spread(runs.iter().map(|r| r.records_per_s)) else {
                     let _ = writeln!(
                         s,
-                        "| {} | {} | failed{failed_note} | | | | | | |",
+                        "| {} | {} | failed{failed_note} | | | | | | | |",
                         case.label(),
                         client.label()
                     );
@@ -294,6 +296,8 @@ impl Report {
                 };
                 let first = spread(runs.iter().filter_map(|r| r.first_ms))
                     .map_or("n/a".to_string(), |x| format!("{:.0}", x.median));
+                let broker = spread(runs.iter().filter_map(|r| r.broker_cpu_per_million))
+                    .map_or("n/a".to_string(), |x| format!("{:.2}", x.median));
                 let ratio = match (client, ours) {
                     (Client::Ours, _) => "1".to_string(),
                     (_, Some(o)) => format!("{:.2}", o.median / rate.median),
@@ -301,7 +305,7 @@ impl Report {
                 };
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {}{failed_note} | {:.1} | {ratio} | {first} | {} | {:.2} | {:.0} |",
+                    "| {} | {} | {}{failed_note} | {:.1} | {ratio} | {first} | {} | {:.2} | {broker} | {:.0} |",
                     case.label(),
                     client.label(),
                     with_range(rate, grouped),
@@ -449,6 +453,11 @@ impl Report {
                     _ => "not measured (a run failed)".to_string(),
                 };
                 let _ = writeln!(s, "- throughput, {}: {what}: {line}", case.label());
+                if peer == Client::Raw {
+                    if let Some(budget) = self.cpu_budget(ci) {
+                        let _ = writeln!(s, "  - {budget}");
+                    }
+                }
             }
         }
         let ours = spread(self.latency_of(Client::Ours).iter().map(|r| r.p99_ms));
@@ -510,9 +519,36 @@ impl Report {
         s
     }
 
+    /// What kafka-source and the broker together would need of the machine's cores to read
+    /// `case` at the raw-fetch ceiling's rate, from the medians of the CPU both used per record;
+    /// `None` without broker CPU figures.
+    fn cpu_budget(&self, case: usize) -> Option<String> {
+        let cpu = |client: Client| -> Option<(f64, f64)> {
+            let runs = self.runs(case, client);
+            let own = spread(runs.iter().map(|r| r.cpu_per_million))?.median;
+            let broker = spread(runs.iter().filter_map(|r| r.broker_cpu_per_million))?.median;
+            Some((own, broker))
+        };
+        let (ours, ours_broker) = cpu(Client::Ours)?;
+        let (raw, raw_broker) = cpu(Client::Raw)?;
+        let ceiling = self.rate(case, Client::Raw)?.median;
+        let ours_rate = self.rate(case, Client::Ours)?.median;
+        let at_ceiling = (ours + ours_broker) * ceiling / 1e6;
+        let at_ours = (ours + ours_broker) * ours_rate / 1e6;
+        let raw_busy = (raw + raw_broker) * ceiling / 1e6;
+        Some(format!(
+            "CPU per million records: kafka-source {ours:.3} s and the broker {ours_broker:.3} s \
+             while serving it; the raw client {raw:.3} s and the broker {raw_broker:.3} s. At the \
+             ceiling's rate kafka-source and the broker would keep {at_ceiling:.2} cores busy \
+             (the raw client and the broker: {raw_busy:.2}); at kafka-source's own rate they keep \
+             {at_ours:.2} busy. The machine has {}.",
+            self.machine.cores
+        ))
+    }
+
     fn csv(&self) -> String {
         let mut s = String::from(
-            "kind,topic,client,records_per_s,mb_per_s,cpu_s,cpu_s_per_million,peak_rss_bytes,p50_ms,p99_ms,max_ms\n",
+            "kind,topic,client,records_per_s,mb_per_s,cpu_s,cpu_s_per_million,broker_cpu_s_per_million,peak_rss_bytes,p50_ms,p99_ms,max_ms\n",
         );
         for r in &self.throughput {
             let case = &self.cases[r.case];
@@ -520,20 +556,22 @@ impl Report {
                 Some(m) => {
                     let _ = writeln!(
                         s,
-                        "throughput,{},{},{:.0},{:.2},{:.3},{:.3},{},,,",
+                        "throughput,{},{},{:.0},{:.2},{:.3},{:.3},{},{},,,",
                         case.label().replace(',', ""),
                         r.client.label(),
                         m.records_per_s,
                         m.mb_per_s,
                         m.cpu_secs,
                         m.cpu_per_million,
+                        m.broker_cpu_per_million
+                            .map_or(String::new(), |c| format!("{c:.3}")),
                         m.peak_rss
                     );
                 }
                 None => {
                     let _ = writeln!(
                         s,
-                        "throughput,{},{},failed,,,,,,,",
+                        "throughput,{},{},failed,,,,,,,,",
                         case.label().replace(',', ""),
                         r.client.label()
                     );
@@ -545,7 +583,7 @@ impl Report {
                 Some(r) => {
                     let _ = writeln!(
                         s,
-                        "commit_latency,,{},,,,,{},{:.3},{:.3},{:.3}",
+                        "commit_latency,,{},,,,,,{},{:.3},{:.3},{:.3}",
                         latency_label(*client),
                         r.peak_rss,
                         r.p50_ms,
@@ -556,7 +594,7 @@ impl Report {
                 None => {
                     let _ = writeln!(
                         s,
-                        "commit_latency,,{},failed,,,,,,,",
+                        "commit_latency,,{},failed,,,,,,,,",
                         latency_label(*client)
                     );
                 }
@@ -565,7 +603,7 @@ impl Report {
         for r in self.slow.iter().flatten() {
             let _ = writeln!(
                 s,
-                "slow_application,{},kafka-source,{:.0},,,,{},,,",
+                "slow_application,{},kafka-source,{:.0},,,,,{},,,",
                 self.slow_case_label.replace(',', ""),
                 r.records_per_s,
                 r.peak_rss
