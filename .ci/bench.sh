@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmarks, briefly: every criterion bench once in test mode, then the comparison
-# harness's quick run against a broker it starts itself. The quick run checks that every
-# consumer runs and reads the whole topic and that the report is written (the harness prints
+# harness's quick run against a broker it starts itself, with the full run's shape (one warm-up
+# round, five measured rounds, interleaved) on small topics. It checks that every consumer runs
+# and reads the whole topic in every round and that the report is written (the harness prints
 # it); its figures are too short to quote (the README's performance section comes from a full
 # run).
 set -euo pipefail
@@ -16,7 +17,7 @@ cargo fmt --manifest-path "$manifest" -- --check
 # --release, so that librdkafka's C build is shared with the run below.
 cargo clippy --release --manifest-path "$manifest" --all-targets -- -D warnings
 echo "== comparison harness, quick run"
-cargo run --release --manifest-path "$manifest" -- --quick
+cargo run --release --manifest-path "$manifest" -- --quick --reps 5 --warmups 1
 
 out="${CARGO_TARGET_DIR:-target}/compare"
 for f in report.md runs.csv throughput.png cpu.png latency.png rss.png; do
