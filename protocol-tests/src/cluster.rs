@@ -111,6 +111,11 @@ impl Node {
     fn process(&self) -> MutexGuard<'_, Option<Running>> {
         self.process.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The JVM's process id while it runs.
+    fn pid(&self) -> Option<u32> {
+        self.process().as_ref().map(|run| run.java.id())
+    }
 }
 
 /// Which cluster shape to start.
@@ -565,7 +570,7 @@ impl Cluster {
                 self.bootstrap
             );
         }
-        self.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| {
+        self.node(id).unwrap_or_else(|| {
             panic!(
                 "Cluster::{what}: no node {id} (nodes are {:?})",
                 self.node_ids()
@@ -635,17 +640,18 @@ impl Cluster {
     /// The process id of node `id`'s JVM while this harness runs it; `None` for an external
     /// cluster or a node that is not running.
     pub fn pid(&self, id: i32) -> Option<u32> {
-        let node = self.nodes.iter().find(|n| n.id == id)?;
-        node.process().as_ref().map(|run| run.java.id())
+        self.node(id)?.pid()
     }
 
     fn running_pid(&self, id: i32, what: &str) -> u32 {
-        let node = self.own_node(id, what);
-        let guard = node.process();
-        match guard.as_ref() {
-            Some(run) => run.java.id(),
-            None => panic!("Cluster::{what}: node {id} is not running"),
-        }
+        self.own_node(id, what)
+            .pid()
+            .unwrap_or_else(|| panic!("Cluster::{what}: node {id} is not running"))
+    }
+
+    /// The node with this id among those the harness started.
+    fn node(&self, id: i32) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.id == id)
     }
 
     /// Starts node `id` again with the same configuration and data (no reformat), stopping it
