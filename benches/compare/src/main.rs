@@ -127,6 +127,11 @@ pub(crate) struct Case {
 }
 
 impl Case {
+    /// `secs` spent on this case's topic, per million of its records.
+    fn per_million(&self, secs: f64) -> f64 {
+        secs / (self.records as f64 / 1e6)
+    }
+
     pub(crate) fn label(&self) -> String {
         let size = if self.value_size >= 1024 {
             format!("{} KiB", self.value_size / 1024)
@@ -500,7 +505,7 @@ fn run_throughput(
         .zip(broker_after)
         .map(|(before, after)| after - before);
     Some(Measured {
-        broker_cpu_per_million: broker_cpu.map(|c| c / (case.records as f64 / 1e6)),
+        broker_cpu_per_million: broker_cpu.map(|c| case.per_million(c)),
         ..measured
     })
 }
@@ -578,7 +583,7 @@ fn run_throughput_child(
         after_first_per_s: steady,
         first_ms: first.map(|s| s * 1e3),
         cpu_secs: run.cpu_secs,
-        cpu_per_million: run.cpu_secs / (case.records as f64 / 1e6),
+        cpu_per_million: case.per_million(run.cpu_secs),
         broker_cpu_per_million: None,
         peak_rss: run.peak_rss,
     })
