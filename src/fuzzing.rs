@@ -37,9 +37,42 @@ use crate::proto::fetch::{FetchConfig, FetchEvent, FetchState};
 use crate::proto::frame;
 use crate::proto::group::consumer_protocol;
 use crate::proto::metadata::Metadata;
-use crate::proto::records::DecodeLimits;
+use crate::proto::records::{
+    AbortedTransactions, BatchIter, DecodeLimits, decode_batch, decode_batch_general,
+};
 use crate::proto::versions::{self, BrokerVersions, Window};
-use crate::types::{StartPosition, TopicPartition};
+use crate::types::{Records, StartPosition, TopicPartition};
+
+/// Arbitrary bytes as a partition's `records` field: split into batches, classified by a
+/// `read_committed` filter, and each batch decoded with and without the CRC check (mutated
+/// bytes rarely keep a valid CRC; without the check they reach the record readers).
+///
+/// The fast record reader must agree with the general one: the same entries, or the same
+/// error. Every decoded record's headers must iterate to their count.
+pub fn record_batch(data: &[u8]) {
+    let limits = DecodeLimits::new(1 << 20);
+    let mut filter = AbortedTransactions::new([(1, 0), (2, 5)]);
+    let (mut out, mut general) = (Records::new(), Records::new());
+    for batch in BatchIter::new(Bytes::copy_from_slice(data)) {
+        let Ok(batch) = batch else { break };
+        let _ = filter.classify(&batch);
+        for check_crc in [true, false] {
+            let limits = limits.with_check_crc(check_crc);
+            let fast = decode_batch(&batch, &limits, &mut out);
+            let slow = decode_batch_general(&batch, &limits, &mut general);
+            match (&fast, &slow) {
+                (Ok(()), Ok(())) => assert_eq!(out.entries, general.entries),
+                (Err(f), Err(g)) => assert_eq!(f.to_string(), g.to_string()),
+                _ => panic!("fast reader {fast:?}, general reader {slow:?}"),
+            }
+            for record in &out {
+                assert_eq!(record.headers().count(), record.header_count());
+            }
+            out.clear();
+            general.clear();
+        }
+    }
+}
 
 /// The largest frame [`frame`] accepts in its length check.
 const MAX_FRAME: usize = 1 << 20;

@@ -180,7 +180,7 @@ impl Span {
 }
 
 /// One decoded record: 48 bytes, pointing into a segment.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub(crate) offset: i64,
     pub(crate) timestamp: i64,

@@ -489,6 +489,27 @@ pub fn decode_batch(
     limits: &DecodeLimits,
     out: &mut Records,
 ) -> Result<(), ProtocolViolation> {
+    decode_batch_with(batch, limits, out, true)
+}
+
+/// [`decode_batch`] with only the general record reader, for checking the fast path against.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn decode_batch_general(
+    batch: &RecordBatch,
+    limits: &DecodeLimits,
+    out: &mut Records,
+) -> Result<(), ProtocolViolation> {
+    decode_batch_with(batch, limits, out, false)
+}
+
+/// [`decode_batch`], trying [`FastReader::record`] on each record first if `fast`.
+#[inline(always)]
+fn decode_batch_with(
+    batch: &RecordBatch,
+    limits: &DecodeLimits,
+    out: &mut Records,
+    fast: bool,
+) -> Result<(), ProtocolViolation> {
     if limits.check_crc {
         batch.verify_crc()?;
     }
@@ -509,7 +530,7 @@ pub fn decode_batch(
     let segment = u32::try_from(out.segments.len())
         .map_err(|_| header.violation("more than 2^32 batches in one piece".to_owned()))?;
     let start = out.entries.len();
-    match decode_records(header, &data, count, segment, &mut out.entries) {
+    match decode_records(header, &data, count, segment, &mut out.entries, fast) {
         Ok(()) => {
             out.segments.push(Segment {
                 bytes: data,
@@ -526,17 +547,32 @@ pub fn decode_batch(
 }
 
 /// Decodes exactly `count` records filling all of `data`.
+///
+/// If `fast`, each record is first offered to [`FastReader::record`], which reads the common
+/// shapes with fewer checks per byte; whatever it declines, the general [`read_record`] reads
+/// and judges, so errors and their messages are the general reader's.
+#[inline(always)]
 fn decode_records(
     header: &BatchHeader,
     data: &[u8],
     count: usize,
     segment: u32,
     out: &mut Vec<Entry>,
+    fast: bool,
 ) -> Result<(), ProtocolViolation> {
     // A hostile count must not reserve more than the bytes could hold.
     out.reserve(count.min(data.len() / MIN_RECORD_LEN));
     let mut cursor = Cursor::new(data);
+    let fast_header = fast.then(|| FastReader::new(header));
     for i in 0..count {
+        if let Some((record, next)) = fast_header
+            .as_ref()
+            .and_then(|h| h.record(data, cursor.pos, segment))
+        {
+            cursor.pos = next;
+            out.push(record);
+            continue;
+        }
         let record = read_record(header, segment, &mut cursor)
             .map_err(|why| header.violation(format!("record {i} of {count}: {why}")))?;
         out.push(record);
@@ -625,6 +661,111 @@ fn read_record(
         value: value.map_or(Span::NULL, span),
         headers: span(headers_start..headers_end),
     })
+}
+
+/// The fast path of [`decode_records`], with what it needs of the batch header.
+#[derive(Clone, Copy)]
+struct FastReader {
+    base_offset: i64,
+    last_offset_delta: i32,
+    /// `Some(max_timestamp)` under log-append time.
+    fixed_timestamp: Option<i64>,
+    base_timestamp: i64,
+}
+
+impl FastReader {
+    fn new(header: &BatchHeader) -> Self {
+        Self {
+            base_offset: header.base_offset,
+            last_offset_delta: header.last_offset_delta,
+            fixed_timestamp: (header.timestamp_type() == TimestampType::LogAppendTime)
+                .then_some(header.max_timestamp),
+            base_timestamp: header.base_timestamp,
+        }
+    }
+
+    /// The record at `pos` and the position after it, if every varint in the record takes at
+    /// most two bytes (lengths and deltas below 8192); `None` for anything else, valid or not,
+    /// which [`read_record`] then reads and judges. Among such records it accepts exactly what
+    /// `read_record` accepts, and yields the same entry.
+    #[inline(always)]
+    fn record(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
+        let (len, p) = short_varint(data, pos)?;
+        let end = p.checked_add(usize::try_from(len).ok()?)?;
+        if end > data.len() {
+            return None;
+        }
+        let body = &data[..end];
+        let p = p + 1; // attributes
+        let (timestamp_delta, p) = short_varint(body, p)?;
+        let (offset_delta, p) = short_varint(body, p)?;
+        let (key, p) = short_bytes(body, p)?;
+        let (value, p) = short_bytes(body, p)?;
+        let (header_count, headers_start) = short_varint(body, p)?;
+        let header_count = u32::try_from(header_count).ok()?;
+        let mut p = headers_start;
+        for _ in 0..header_count {
+            let (key_len, q) = short_varint(body, p)?;
+            let key_end = q.checked_add(usize::try_from(key_len).ok()?)?;
+            if key_end > end {
+                return None;
+            }
+            p = short_bytes(body, key_end)?.1;
+        }
+        if p != end {
+            return None;
+        }
+        if offset_delta < 0 || offset_delta > self.last_offset_delta {
+            return None;
+        }
+        let offset = self.base_offset.checked_add(i64::from(offset_delta))?;
+        let timestamp = match self.fixed_timestamp {
+            Some(t) => t,
+            None => self
+                .base_timestamp
+                .checked_add(i64::from(timestamp_delta))?,
+        };
+        Some((
+            Entry {
+                offset,
+                timestamp,
+                segment,
+                header_count,
+                key,
+                value,
+                headers: span(headers_start..p),
+            },
+            end,
+        ))
+    }
+}
+
+/// A zigzag varint of one or two bytes at `pos`, and the position after it.
+#[inline(always)]
+fn short_varint(buf: &[u8], pos: usize) -> Option<(i32, usize)> {
+    let b0 = u32::from(*buf.get(pos)?);
+    if b0 < 0x80 {
+        return Some((zigzag32(b0), pos + 1));
+    }
+    let b1 = u32::from(*buf.get(pos + 1)?);
+    if b1 < 0x80 {
+        return Some((zigzag32((b0 & 0x7f) | (b1 << 7)), pos + 2));
+    }
+    None
+}
+
+/// A nullable byte string with a one- or two-byte length at `pos`, as a span.
+#[inline(always)]
+fn short_bytes(buf: &[u8], pos: usize) -> Option<(Span, usize)> {
+    let (len, p) = short_varint(buf, pos)?;
+    if len == -1 {
+        return Some((Span::NULL, p));
+    }
+    let end = p.checked_add(usize::try_from(len).ok()?)?;
+    if end > buf.len() {
+        return None;
+    }
+    Some((span(p..end), end))
 }
 
 /// A range of a buffer shorter than `u32::MAX` bytes as a span.

@@ -1051,3 +1051,96 @@ fn random_bytes_never_panic() {
         exercise(Bytes::from(bytes));
     }
 }
+
+/// The sample records, then one whose length, value length and timestamp delta take three
+/// bytes each: the fast reader declines it.
+fn fast_and_slow_records() -> Bytes {
+    let mut records = sample_records(100);
+    records.push(record(
+        105,
+        1_700_000_100_000,
+        None,
+        Some(&[1; 9000]),
+        &[("h", Some(b"v"))],
+    ));
+    encode(&records, KpCompression::None)
+}
+
+#[test]
+fn fast_reader_takes_short_records_and_declines_long_ones() {
+    let batch = one_batch(fast_and_slow_records());
+    let data = batch.records_payload(usize::MAX).unwrap();
+    let fast = FastReader::new(&batch.header);
+    let mut general = Cursor::new(&data);
+    for i in 0..6 {
+        let at = general.position();
+        let entry = read_record(&batch.header, 0, &mut general).unwrap();
+        match fast.record(&data, at, 0) {
+            Some((fast_entry, next)) => {
+                assert!(i < 5, "record {i} has three-byte varints");
+                assert_eq!(fast_entry, entry, "record {i}");
+                assert_eq!(next, general.position(), "record {i}");
+            }
+            None => assert_eq!(i, 5, "record {i} has only short varints"),
+        }
+    }
+    assert_eq!(general.remaining(), 0);
+}
+
+/// Mutated batches, CRC unchecked so the mutations reach the record readers: decoding with
+/// the fast reader first gives exactly what the general reader alone gives, the same entries
+/// or the same error.
+#[test]
+fn fast_reader_agrees_with_the_general_reader_on_mutated_batches() {
+    let batch = fast_and_slow_records();
+    let limits = DecodeLimits::default().with_check_crc(false);
+    // Values near the varint boundaries, and any byte.
+    const BYTES: [u8; 8] = [0x00, 0x01, 0x02, 0x7e, 0x7f, 0x80, 0x81, 0xff];
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut accepted, mut rejected) = (0, 0);
+    for round in 0..30_000 {
+        let mut bytes = batch.to_vec();
+        // Every 8th round uses log-append time.
+        if round % 8 == 0 {
+            bytes[ATTRIBUTES_OFFSET + 1] |= 0x08;
+        }
+        // Most mutations land in the first records, where the short ones are.
+        let span = if round % 2 == 0 {
+            200
+        } else {
+            bytes.len() - BATCH_HEADER_LEN
+        };
+        for _ in 0..=round % 3 {
+            let r = next();
+            let at = BATCH_HEADER_LEN + usize::try_from(r % span as u64).unwrap();
+            let pick = usize::try_from((r >> 32) % 9).unwrap();
+            bytes[at] = BYTES.get(pick).copied().unwrap_or((r >> 40) as u8);
+        }
+        let batch = RecordBatch::new(Bytes::from(bytes)).unwrap();
+        let (mut fast, mut general) = (Records::new(), Records::new());
+        let fast_result = decode_batch(&batch, &limits, &mut fast);
+        let general_result = decode_batch_general(&batch, &limits, &mut general);
+        match (fast_result, general_result) {
+            (Ok(()), Ok(())) => {
+                assert_eq!(fast.entries, general.entries, "round {round}");
+                accepted += 1;
+            }
+            (Err(f), Err(g)) => {
+                assert_eq!(f.to_string(), g.to_string(), "round {round}");
+                rejected += 1;
+            }
+            (f, g) => panic!("round {round}: fast reader {f:?}, general reader {g:?}"),
+        }
+    }
+    // Both outcomes are exercised often.
+    assert!(
+        accepted > 1_000 && rejected > 1_000,
+        "{accepted} accepted, {rejected} rejected"
+    );
+}
