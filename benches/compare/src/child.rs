@@ -79,12 +79,25 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Result<T,
         .map_err(|_| format!("bad argument {what}: {:?}", args[i]))
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `work` to its end in a task spawned on a two-worker runtime, the way an application
+/// runs its consumers (and an engine its operators), rather than in `block_on` on the main
+/// thread: that thread is not one of the runtime's workers, so every wakeup from a client's
+/// background task to it would cross threads.
+fn in_task<T, F>(work: F) -> Result<T, String>
+where
+    F: Future<Output = Result<T, String>> + Send + 'static,
+    T: Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| format!("tokio runtime: {e}"))
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    runtime.block_on(async {
+        tokio::spawn(work)
+            .await
+            .map_err(|e| format!("the task failed: {e}"))?
+    })
 }
 
 /// `KIND BOOTSTRAP TOPIC PARTITIONS RECORDS`: consume every record of the topic from the start.
@@ -104,19 +117,24 @@ fn throughput(kind: &str, args: &[String]) -> Result<String, String> {
             }
         }
         "rdkafka-base" => rdkafka_base(&bootstrap, &topic, partitions, want)?,
-        _ => runtime()?.block_on(async {
-            let work = async {
-                match kind {
-                    "ours" => ours(&bootstrap, &topic, partitions, want, true).await,
-                    "ours-nocrc" => ours(&bootstrap, &topic, partitions, want, false).await,
-                    "rdkafka-stream" => rdkafka_stream(&bootstrap, &topic, partitions, want).await,
-                    _ => rskafka(&bootstrap, &topic, partitions, want).await,
-                }
-            };
-            tokio::time::timeout(CHILD_DEADLINE, work)
-                .await
-                .map_err(|_| format!("not done within {CHILD_DEADLINE:?}"))?
-        })?,
+        _ => {
+            let kind = kind.to_owned();
+            in_task(async move {
+                let work = async {
+                    match kind.as_str() {
+                        "ours" => ours(&bootstrap, &topic, partitions, want, true).await,
+                        "ours-nocrc" => ours(&bootstrap, &topic, partitions, want, false).await,
+                        "rdkafka-stream" => {
+                            rdkafka_stream(&bootstrap, &topic, partitions, want).await
+                        }
+                        _ => rskafka(&bootstrap, &topic, partitions, want).await,
+                    }
+                };
+                tokio::time::timeout(CHILD_DEADLINE, work)
+                    .await
+                    .map_err(|_| format!("not done within {CHILD_DEADLINE:?}"))?
+            })?
+        }
     };
     Ok(format!(
         "records={} bytes={} first_s={:.6} elapsed_s={:.6}",
@@ -299,7 +317,7 @@ fn slow(args: &[String]) -> Result<String, String> {
     let budget: usize = arg(args, 3, "BUDGET_BYTES")?;
     let seconds: f64 = arg(args, 4, "SECONDS")?;
     let micros: u64 = arg(args, 5, "MICROS_PER_RECORD")?;
-    runtime()?.block_on(async {
+    in_task(async move {
         let cfg = our_config(&bootstrap)
             .commit_mode(CommitMode::Disabled)
             .buffer_max_bytes(budget)
@@ -356,7 +374,7 @@ fn latency(args: &[String]) -> Result<String, String> {
     let group: String = arg(args, 2, "GROUP")?;
     let commits: u64 = arg(args, 3, "COMMITS")?;
     let warmup: u64 = arg(args, 4, "WARMUP")?;
-    runtime()?.block_on(async {
+    in_task(async move {
         let cfg = our_config(&bootstrap)
             .group_id(group)
             .commit_mode(CommitMode::OnCheckpoints)
