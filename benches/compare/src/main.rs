@@ -2,9 +2,11 @@
 //!
 //! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N] [--warmups N]`
 //!
-//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, one warm-up round and
-//! five measured rounds. `--quick`: 200,000 and 40,000 records, one round, no warm-up, and a
-//! 16 MiB budget for the slow application (its topic is smaller than the default 64 MiB).
+//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, 120 broker warm-up runs
+//! (the raw fetch and kafka-source on the uncompressed 100 B topics), one warm-up round and five
+//! measured rounds. `--quick`: 200,000 and 40,000 records, 40 broker warm-up runs, one round, no
+//! warm-up round, and a 16 MiB budget for the slow application (its topic is smaller than the
+//! default 64 MiB).
 //! `--reps` and `--warmups` change the number of measured and warm-up rounds.
 //!
 //! The driver starts one Apache Kafka 4.1.2 broker with the test harness (`protocol-tests`),
@@ -151,6 +153,9 @@ impl Case {
 pub(crate) struct Plan {
     pub(crate) quick: bool,
     pub(crate) warmups: usize,
+    /// Runs of the raw fetch and kafka-source, alternating over the uncompressed 100 B topics,
+    /// before the first round, so that the broker's JIT compiler has compiled its fetch path.
+    pub(crate) broker_warmup_runs: usize,
     pub(crate) reps: usize,
     pub(crate) records_small: u64,
     pub(crate) records_large: u64,
@@ -167,6 +172,7 @@ impl Plan {
             Plan {
                 quick,
                 warmups: 0,
+                broker_warmup_runs: 40,
                 reps: 1,
                 records_small: 200_000,
                 records_large: 40_000,
@@ -179,6 +185,7 @@ impl Plan {
             Plan {
                 quick,
                 warmups: 1,
+                broker_warmup_runs: 120,
                 reps: 5,
                 records_small: 1_000_000,
                 records_large: 200_000,
@@ -248,6 +255,8 @@ fn main() {
 
     let cases = make_cases(&cluster, &plan, nanos);
     let java_dir = compile_java(&out);
+
+    warm_up_broker(&plan, &cases, &bootstrap, &log);
 
     // Throughput: rounds over all cases; within a case the clients' order rotates every round.
     let mut throughput = Vec::new();
@@ -491,6 +500,41 @@ fn compile_java(out: &Path) -> PathBuf {
 
 /// One throughput run of `client` on `case`. With the broker's process id, the broker's CPU
 /// time during the run is measured too.
+/// Serves the broker [`Plan::broker_warmup_runs`] fast reads of the uncompressed 100 B topics,
+/// alternating the raw fetch and kafka-source, before anything is measured.
+///
+/// A freshly started broker's JVM compiles its fetch path during the first hundred or so runs:
+/// its C2 compiler thread then takes up to 0.2 s of CPU in bursts that land on whichever
+/// client runs at the time, on a machine whose cores the clients share with the broker. The
+/// warm-up round alone, one run per client and topic, does not get it there.
+fn warm_up_broker(plan: &Plan, cases: &[Case], bootstrap: &str, log: &Path) {
+    let topics: Vec<&Case> = cases
+        .iter()
+        .filter(|c| c.value_size == 100 && c.compression == Compression::None)
+        .collect();
+    if topics.is_empty() || plan.broker_warmup_runs == 0 {
+        return;
+    }
+    let started = Instant::now();
+    let mut failed = 0;
+    for i in 0..plan.broker_warmup_runs {
+        let client = if i % 2 == 0 {
+            Client::Raw
+        } else {
+            Client::Ours
+        };
+        let case = topics[(i / 2) % topics.len()];
+        if run_throughput_child(client, case, bootstrap, log).is_none() {
+            failed += 1;
+        }
+    }
+    eprintln!(
+        "[compare] broker warm-up: {} runs in {:.1} s ({failed} failed)",
+        plan.broker_warmup_runs,
+        started.elapsed().as_secs_f64()
+    );
+}
+
 fn run_throughput(
     client: Client,
     case: &Case,

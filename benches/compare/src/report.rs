@@ -249,8 +249,9 @@ impl Report {
             s,
             "Each client consumes the whole topic from offset 0 in its own process ({} records of \
              100 B, {} of 1 KiB; keys are the record numbers in decimal). Median (min–max) over {} \
-             run(s) after {} warm-up round(s); rounds go over all topics, and the clients' order \
-             rotates from round to round. records/s and MB/s run from creating the client to the \
+             run(s) after {} warm-up round(s), which came after {} runs of the raw fetch and \
+             kafka-source on the uncompressed 100 B topics that warm up the broker's JIT; rounds \
+             go over all topics, and the clients' order rotates from round to round. records/s and MB/s run from creating the client to the \
              last record (for the Java tool, its own `fetch.time.ms`, which leaves out its group \
              join but includes its first fetch). \"first record\" is the time from creating the \
              client to the first record; \"after the first\" divides all records by the time from \
@@ -266,6 +267,7 @@ impl Report {
             grouped(p.records_large as f64),
             p.reps,
             p.warmups,
+            p.broker_warmup_runs,
         );
         let _ = writeln!(
             s,
