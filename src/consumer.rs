@@ -96,10 +96,14 @@ struct Decoded {
 
 /// An async Kafka consumer of explicitly assigned partitions.
 ///
-/// Create it inside a Tokio runtime; it spawns its network loop there. Records come out of
-/// [`poll`](Self::poll) (or the [`Stream`] implementation) one partition's batch at a time.
-/// Memory is bounded by `buffer.max.bytes`: the network loop stops fetching while that much
-/// fetched data waits to be polled.
+/// Create it inside a Tokio runtime; it spawns its network loop there. Poll it from a task on
+/// that runtime (or on a current-thread runtime): from `block_on` on a thread that is not one
+/// of the runtime's workers, every hand-over from the network loop wakes that thread, which
+/// costs CPU on every fetch.
+///
+/// Records come out of [`poll`](Self::poll) (or the [`Stream`] implementation) one partition's
+/// batch at a time. Memory is bounded by `buffer.max.bytes`: the network loop stops fetching
+/// while that much fetched data waits to be polled.
 ///
 /// ```no_run
 /// # async fn demo() -> kafka_source::Result<()> {
