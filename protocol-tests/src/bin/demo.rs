@@ -21,6 +21,12 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // The consumer is polled from a task on the runtime, not from `block_on` on the main
+    // thread, which is none of the runtime's workers (see `Consumer`'s docs).
+    tokio::spawn(run()).await.expect("the demo task panicked");
+}
+
+async fn run() {
     let records: u64 = std::env::args()
         .nth(1)
         .map(|a| a.parse().expect("RECORDS must be a number"))
