@@ -351,6 +351,27 @@ pub async fn wait_for(
     }
 }
 
+/// Like [`wait_for`], but `check` is asked of the log as it stood after each of its changes,
+/// so a state the group passes through is seen even if it lasted less than the 100 ms between
+/// looks (a member that learns at its next poll that it lost its partitions rejoins at once,
+/// and the state between its loss and the rejoin can last a few milliseconds).
+pub async fn wait_for_reached(
+    log: &Arc<Mutex<GroupLog>>,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn(&GroupLog) -> bool,
+) {
+    wait_for(log, timeout, what, |l| {
+        (1..=l.changes.len()).any(|n| {
+            check(&GroupLog {
+                changes: l.changes[..n].to_vec(),
+                records: BTreeMap::new(),
+            })
+        })
+    })
+    .await;
+}
+
 /// True when each of `members` owns at least one partition, every partition of `topic`
 /// (`0..n`) has exactly one owner among them, and nobody else owns any.
 pub fn converged(log: &GroupLog, topic: &str, n: i32, members: &[&str]) -> bool {

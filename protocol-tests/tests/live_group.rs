@@ -8,7 +8,9 @@ use std::time::Duration;
 use kafka_source::{AssignmentStrategy, CommitMode, ConsumerConfig, GroupProtocol, OffsetReset};
 use parking_lot::Mutex;
 use protocol_tests::consume::{config, unique};
-use protocol_tests::group::{GroupLog, Member, assert_committed_at_end, converged, wait_for};
+use protocol_tests::group::{
+    GroupLog, Member, assert_committed_at_end, converged, wait_for, wait_for_reached,
+};
 use protocol_tests::{Cluster, ProduceSpec};
 
 fn member_config(
@@ -126,9 +128,10 @@ async fn stalls_keep_or_lose_the_membership_by_max_poll_interval() {
         before,
         "a stall shorter than max.poll.interval.ms changed the assignment: {changes:#?}"
     );
-    // 25 s: past the poll interval. `a` loses its partitions to `b`, then rejoins.
+    // 25 s: past the poll interval. `a` loses its partitions to `b`, then rejoins: `b` owns
+    // everything from `a`'s loss until the rebalance that `a`'s return starts.
     a.stall(Duration::from_secs(25));
-    wait_for(&log, Duration::from_secs(40), "b owns everything", |l| {
+    wait_for_reached(&log, Duration::from_secs(40), "b owns everything", |l| {
         converged(l, &topic, 4, &["b"])
     })
     .await;
