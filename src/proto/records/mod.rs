@@ -502,7 +502,7 @@ pub(crate) fn decode_batch_general(
     decode_batch_with(batch, limits, out, false)
 }
 
-/// [`decode_batch`], trying [`FastReader::record`] on each record first if `fast`.
+/// [`decode_batch`], trying [`RecordBase::read_short`] on each record first if `fast`.
 #[inline(always)]
 fn decode_batch_with(
     batch: &RecordBatch,
@@ -548,7 +548,7 @@ fn decode_batch_with(
 
 /// Decodes exactly `count` records filling all of `data`.
 ///
-/// If `fast`, each record is first offered to [`FastReader::record`], which reads the common
+/// If `fast`, each record is first offered to [`RecordBase::read_short`], which reads the common
 /// shapes with fewer checks per byte; whatever it declines, the general [`read_record`] reads
 /// and judges, so errors and their messages are the general reader's.
 #[inline(always)]
@@ -563,17 +563,19 @@ fn decode_records(
     // A hostile count must not reserve more than the bytes could hold.
     out.reserve(count.min(data.len() / MIN_RECORD_LEN));
     let mut cursor = Cursor::new(data);
-    let fast_header = fast.then(|| FastReader::new(header));
+    let base = RecordBase::new(header);
     for i in 0..count {
-        if let Some((record, next)) = fast_header
-            .as_ref()
-            .and_then(|h| h.record(data, cursor.pos, segment))
-        {
+        let short = if fast {
+            base.read_short(data, cursor.pos, segment)
+        } else {
+            None
+        };
+        if let Some((record, next)) = short {
             cursor.pos = next;
             out.push(record);
             continue;
         }
-        let record = read_record(header, segment, &mut cursor)
+        let record = read_record(&base, segment, &mut cursor)
             .map_err(|why| header.violation(format!("record {i} of {count}: {why}")))?;
         out.push(record);
     }
@@ -589,11 +591,7 @@ fn decode_records(
 /// Reads one record at the cursor (Java `DefaultRecord.readFrom`). Positions are below
 /// `u32::MAX`: [`decode_batch`] checked the buffer's length.
 #[inline(always)]
-fn read_record(
-    header: &BatchHeader,
-    segment: u32,
-    cursor: &mut Cursor<'_>,
-) -> Result<Entry, String> {
+fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Result<Entry, String> {
     let len = cursor.varint().ok_or("truncated length")?;
     let body = usize::try_from(len)
         .ok()
@@ -635,23 +633,9 @@ fn read_record(
         ));
     }
 
-    if offset_delta < 0 || offset_delta > header.last_offset_delta {
-        return Err(format!(
-            "offset delta {offset_delta} outside the batch's 0..={}",
-            header.last_offset_delta
-        ));
-    }
-    let offset = header
-        .base_offset
-        .checked_add(i64::from(offset_delta))
-        .ok_or("offset overflows")?;
-    let timestamp = match header.timestamp_type() {
-        TimestampType::LogAppendTime => header.max_timestamp,
-        TimestampType::CreateTime => header
-            .base_timestamp
-            .checked_add(timestamp_delta)
-            .ok_or_else(|| format!("timestamp delta {timestamp_delta} overflows"))?,
-    };
+    let (offset, timestamp) = base
+        .place(offset_delta, timestamp_delta)
+        .ok_or_else(|| base.misplaced(offset_delta, timestamp_delta))?;
     Ok(Entry {
         offset,
         timestamp,
@@ -663,9 +647,9 @@ fn read_record(
     })
 }
 
-/// The fast path of [`decode_records`], with what it needs of the batch header.
+/// What every record of a batch takes from the batch header, for both record readers.
 #[derive(Clone, Copy)]
-struct FastReader {
+struct RecordBase {
     base_offset: i64,
     last_offset_delta: i32,
     /// `Some(max_timestamp)` under log-append time.
@@ -673,7 +657,7 @@ struct FastReader {
     base_timestamp: i64,
 }
 
-impl FastReader {
+impl RecordBase {
     fn new(header: &BatchHeader) -> Self {
         Self {
             base_offset: header.base_offset,
@@ -684,12 +668,46 @@ impl FastReader {
         }
     }
 
+    /// The offset and timestamp of a record with these deltas (Java `DefaultRecord.readFrom`'s
+    /// checks), or `None` if they are out of range: [`misplaced`](Self::misplaced) says how.
+    #[inline(always)]
+    fn place(&self, offset_delta: i32, timestamp_delta: i64) -> Option<(i64, i64)> {
+        if offset_delta < 0 || offset_delta > self.last_offset_delta {
+            return None;
+        }
+        let offset = self.base_offset.checked_add(i64::from(offset_delta))?;
+        let timestamp = match self.fixed_timestamp {
+            Some(t) => t,
+            None => self.base_timestamp.checked_add(timestamp_delta)?,
+        };
+        Some((offset, timestamp))
+    }
+
+    /// Why [`place`](Self::place) refused these deltas.
+    #[cold]
+    fn misplaced(&self, offset_delta: i32, timestamp_delta: i64) -> String {
+        if offset_delta < 0 || offset_delta > self.last_offset_delta {
+            format!(
+                "offset delta {offset_delta} outside the batch's 0..={}",
+                self.last_offset_delta
+            )
+        } else if self
+            .base_offset
+            .checked_add(i64::from(offset_delta))
+            .is_none()
+        {
+            "offset overflows".to_owned()
+        } else {
+            format!("timestamp delta {timestamp_delta} overflows")
+        }
+    }
+
     /// The record at `pos` and the position after it, if every varint in the record takes at
     /// most two bytes (lengths and deltas below 8192); `None` for anything else, valid or not,
     /// which [`read_record`] then reads and judges. Among such records it accepts exactly what
     /// `read_record` accepts, and yields the same entry.
     #[inline(always)]
-    fn record(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
+    fn read_short(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
         let (len, p) = short_varint(data, pos)?;
         let end = p.checked_add(usize::try_from(len).ok()?)?;
         if end > data.len() {
@@ -715,16 +733,7 @@ impl FastReader {
         if p != end {
             return None;
         }
-        if offset_delta < 0 || offset_delta > self.last_offset_delta {
-            return None;
-        }
-        let offset = self.base_offset.checked_add(i64::from(offset_delta))?;
-        let timestamp = match self.fixed_timestamp {
-            Some(t) => t,
-            None => self
-                .base_timestamp
-                .checked_add(i64::from(timestamp_delta))?,
-        };
+        let (offset, timestamp) = self.place(offset_delta, i64::from(timestamp_delta))?;
         Some((
             Entry {
                 offset,
@@ -886,7 +895,7 @@ pub fn control_type(batch: &RecordBatch) -> Result<Option<ControlType>, Protocol
     batch.verify_crc()?;
     let data = batch.records_payload(CONTROL_BATCH_LIMIT)?;
     // The limit keeps `data` well below `u32::MAX` bytes.
-    read_record(header, 0, &mut Cursor::new(&data))
+    read_record(&RecordBase::new(header), 0, &mut Cursor::new(&data))
         .and_then(|record| ControlType::parse(record.key.get(&data).unwrap_or_default()))
         .map_err(|why| header.violation(format!("control record: {why}")))
 }

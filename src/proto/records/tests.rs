@@ -1070,12 +1070,12 @@ fn fast_and_slow_records() -> Bytes {
 fn fast_reader_takes_short_records_and_declines_long_ones() {
     let batch = one_batch(fast_and_slow_records());
     let data = batch.records_payload(usize::MAX).unwrap();
-    let fast = FastReader::new(&batch.header);
+    let base = RecordBase::new(&batch.header);
     let mut general = Cursor::new(&data);
     for i in 0..6 {
         let at = general.position();
-        let entry = read_record(&batch.header, 0, &mut general).unwrap();
-        match fast.record(&data, at, 0) {
+        let entry = read_record(&base, 0, &mut general).unwrap();
+        match base.read_short(&data, at, 0) {
             Some((fast_entry, next)) => {
                 assert!(i < 5, "record {i} has three-byte varints");
                 assert_eq!(fast_entry, entry, "record {i}");
