@@ -251,18 +251,18 @@ impl Report {
              100 B, {} of 1 KiB; keys are the record numbers in decimal). Median (min–max) over {} \
              run(s) after {} warm-up round(s), which came after {} runs of the raw fetch and \
              kafka-source on the uncompressed 100 B topics that warm up the broker's JIT; rounds \
-             go over all topics, and the clients' order rotates from round to round. records/s and MB/s run from creating the client to the \
-             last record (for the Java tool, its own `fetch.time.ms`, which leaves out its group \
-             join but includes its first fetch). \"first record\" is the time from creating the \
-             client to the first record; \"after the first\" divides all records by the time from \
-             the first record to the last, which leaves out start-up but flatters a client that \
-             fetches much before handing out its first record (rskafka asks for up to 50 MiB per \
-             partition). MB/s are of key + value bytes. CPU is user + system time of the \
-             client's process (all threads, start-up included) per million records; broker CPU \
-             is the broker's (all its threads) from starting the client to its exit, per million \
-             records (n/a for an external broker). Peak RSS is the client's `VmHWM`. Columns \
-             after the ratio are medians. Each client runs with its defaults and commits \
-             nothing.\n",
+             go over all topics, and the clients' order rotates from round to round. records/s and \
+             MB/s run from creating the client to the last record (for the Java tool, its own \
+             `fetch.time.ms`, which leaves out its group join but includes its first fetch). \
+             \"first record\" is the time from creating the client to the first record; \"after \
+             the first\" divides all records by the time from the first record to the last, which \
+             leaves out start-up but flatters a client that fetches much before handing out its \
+             first record (rskafka asks for up to 50 MiB per partition). MB/s are of key + value \
+             bytes. CPU is user + system time of the client's process (all threads, start-up \
+             included) per million records; broker CPU is the broker's (all its threads) from \
+             starting the client to its exit, per million records (n/a for an external broker). \
+             Peak RSS is the client's `VmHWM`. Columns after the ratio are medians. Each client \
+             runs with its defaults and commits nothing.\n",
             grouped(p.records_small as f64),
             grouped(p.records_large as f64),
             p.reps,
