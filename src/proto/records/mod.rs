@@ -708,8 +708,8 @@ impl RecordBase {
     /// `read_record` accepts, and yields the same entry.
     #[inline(always)]
     fn read_short(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
-        let (len, p) = short_varint(data, pos)?;
-        let end = p.checked_add(usize::try_from(len).ok()?)?;
+        let (len, p) = short_length(data, pos)?;
+        let end = p + len;
         if end > data.len() {
             return None;
         }
@@ -723,8 +723,8 @@ impl RecordBase {
         let header_count = u32::try_from(header_count).ok()?;
         let mut p = headers_start;
         for _ in 0..header_count {
-            let (key_len, q) = short_varint(body, p)?;
-            let key_end = q.checked_add(usize::try_from(key_len).ok()?)?;
+            let (key_len, q) = short_length(body, p)?;
+            let key_end = q + key_len;
             if key_end > end {
                 return None;
             }
@@ -752,25 +752,41 @@ impl RecordBase {
 /// A zigzag varint of one or two bytes at `pos`, and the position after it.
 #[inline(always)]
 fn short_varint(buf: &[u8], pos: usize) -> Option<(i32, usize)> {
+    let (raw, p) = short_raw(buf, pos)?;
+    Some((zigzag32(raw), p))
+}
+
+/// A varint of one or two bytes at `pos`, still zigzag-encoded, and the position after it.
+#[inline(always)]
+fn short_raw(buf: &[u8], pos: usize) -> Option<(u32, usize)> {
     let b0 = u32::from(*buf.get(pos)?);
     if b0 < 0x80 {
-        return Some((zigzag32(b0), pos + 1));
+        return Some((b0, pos + 1));
     }
     let b1 = u32::from(*buf.get(pos + 1)?);
     if b1 < 0x80 {
-        return Some((zigzag32((b0 & 0x7f) | (b1 << 7)), pos + 2));
+        return Some(((b0 & 0x7f) | (b1 << 7), pos + 2));
     }
     None
+}
+
+/// A non-negative length of one or two bytes at `pos`, and the position after it.
+#[inline(always)]
+fn short_length(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
+    let (raw, p) = short_raw(buf, pos)?;
+    // Zigzag: odd raw values are negative.
+    (raw & 1 == 0).then_some(((raw >> 1) as usize, p))
 }
 
 /// A nullable byte string with a one- or two-byte length at `pos`, as a span.
 #[inline(always)]
 fn short_bytes(buf: &[u8], pos: usize) -> Option<(Span, usize)> {
-    let (len, p) = short_varint(buf, pos)?;
-    if len == -1 {
-        return Some((Span::NULL, p));
+    let (raw, p) = short_raw(buf, pos)?;
+    // Zigzag: even raw values are lengths, 1 is -1 (null), other odd ones are negative.
+    if raw & 1 != 0 {
+        return (raw == 1).then_some((Span::NULL, p));
     }
-    let end = p.checked_add(usize::try_from(len).ok()?)?;
+    let end = p + (raw >> 1) as usize;
     if end > buf.len() {
         return None;
     }
