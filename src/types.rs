@@ -81,10 +81,9 @@ pub struct Record<'a> {
     pub value: Option<&'a [u8]>,
     /// The leader epoch of the batch the record came in (-1 if unknown).
     pub leader_epoch: i32,
-    /// The record's headers, still encoded; read them with [`Record::headers`].
-    headers: &'a [u8],
-    /// How many headers `headers` holds.
-    header_count: u32,
+    /// The record's encoded bytes from its header count on (and the records after it, which
+    /// reading the headers never reaches); read them with [`Record::headers`].
+    tail: &'a [u8],
     /// The buffer `key`, `value` and `headers` point into.
     buffer: &'a Bytes,
 }
@@ -93,14 +92,14 @@ impl<'a> Record<'a> {
     /// The record's headers in order: name and value (`None` for a null value).
     ///
     /// The encoding was checked when the batch was decoded, so iteration yields exactly
-    /// `header_count` entries.
+    /// [`header_count`](Self::header_count) entries.
     pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
-        crate::proto::records::HeaderIter::new(self.headers, self.header_count)
+        crate::proto::records::HeaderIter::counted(self.tail)
     }
 
     /// The number of headers.
     pub fn header_count(&self) -> usize {
-        self.header_count as usize
+        crate::proto::records::HeaderIter::counted(self.tail).len()
     }
 
     /// The key as an owned, zero-copy handle on the fetched bytes (it keeps them alive).
@@ -122,8 +121,7 @@ impl PartialEq for Record<'_> {
             && self.key == other.key
             && self.value == other.value
             && self.leader_epoch == other.leader_epoch
-            && self.header_count == other.header_count
-            && self.headers == other.headers
+            && self.headers().eq(other.headers())
     }
 }
 
@@ -138,7 +136,7 @@ impl fmt::Debug for Record<'_> {
             .field("key", &self.key.map(Escaped))
             .field("value", &self.value.map(Escaped))
             .field("leader_epoch", &self.leader_epoch)
-            .field("header_count", &self.header_count)
+            .field("header_count", &self.header_count())
             .finish()
     }
 }
@@ -155,7 +153,7 @@ impl fmt::Debug for Escaped<'_> {
 /// A null key, value or header value in a [`Span`].
 const NULL_LEN: u32 = u32::MAX;
 
-/// Where a key, value or headers lie in their segment.
+/// Where a key or value lies in its segment; a null one keeps the position after its length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
     pub(crate) start: u32,
@@ -164,10 +162,20 @@ pub(crate) struct Span {
 }
 
 impl Span {
-    pub(crate) const NULL: Self = Self {
-        start: 0,
-        len: NULL_LEN,
-    };
+    /// A null key or value whose length ends at `start`.
+    pub(crate) const fn null_at(start: u32) -> Self {
+        Self {
+            start,
+            len: NULL_LEN,
+        }
+    }
+
+    /// The position after the key or value (after the length, if null).
+    #[inline]
+    pub(crate) fn end(self) -> usize {
+        let len = if self.len == NULL_LEN { 0 } else { self.len };
+        self.start as usize + len as usize
+    }
 
     #[inline]
     pub(crate) fn get(self, buf: &[u8]) -> Option<&[u8]> {
@@ -179,23 +187,26 @@ impl Span {
     }
 }
 
-/// One decoded record: 48 bytes, pointing into a segment.
+/// One decoded record: 32 bytes, pointing into a segment. Its headers follow its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
-    pub(crate) offset: i64,
     pub(crate) timestamp: i64,
+    /// The offset less the segment's base offset (`0..=i32::MAX`).
+    pub(crate) offset_delta: u32,
     pub(crate) segment: u32,
-    pub(crate) header_count: u32,
     pub(crate) key: Span,
     pub(crate) value: Span,
-    pub(crate) headers: Span,
 }
+
+const _: () = assert!(size_of::<Entry>() == 32);
 
 /// The bytes of one record batch's records (decompressed if need be), and what its records
 /// share.
 #[derive(Clone, Debug)]
 pub(crate) struct Segment {
     pub(crate) bytes: Bytes,
+    /// The batch's base offset; decoding checked that every entry's offset fits an `i64`.
+    pub(crate) base_offset: i64,
     pub(crate) leader_epoch: i32,
     pub(crate) timestamp_type: TimestampType,
 }
@@ -264,14 +275,13 @@ impl Records {
         let seg = &self.segments[e.segment as usize];
         let buf: &'a [u8] = &seg.bytes;
         Record {
-            offset: e.offset,
+            offset: seg.base_offset + i64::from(e.offset_delta),
             timestamp: e.timestamp,
             timestamp_type: seg.timestamp_type,
             key: e.key.get(buf),
             value: e.value.get(buf),
             leader_epoch: seg.leader_epoch,
-            headers: e.headers.get(buf).unwrap_or_default(),
-            header_count: e.header_count,
+            tail: buf.get(e.value.end()..).unwrap_or_default(),
             buffer: &seg.bytes,
         }
     }

@@ -115,7 +115,9 @@ impl ChunkCursor {
             if header.base_offset < self.fetch_offset {
                 let below = p.records.entries[start..]
                     .iter()
-                    .take_while(|r| r.offset < self.fetch_offset)
+                    .take_while(|r| {
+                        header.base_offset + i64::from(r.offset_delta) < self.fetch_offset
+                    })
                     .count();
                 p.records.entries.drain(start..start + below);
             }

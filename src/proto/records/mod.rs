@@ -534,6 +534,7 @@ fn decode_batch_with(
         Ok(()) => {
             out.segments.push(Segment {
                 bytes: data,
+                base_offset: header.base_offset,
                 leader_epoch: header.partition_leader_epoch,
                 timestamp_type: header.timestamp_type(),
             });
@@ -606,12 +607,15 @@ fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Resu
     let _attributes = r.u8().ok_or("truncated attributes")?;
     let timestamp_delta = r.varlong().ok_or("truncated timestamp delta")?;
     let offset_delta = r.varint().ok_or("truncated offset delta")?;
-    let key = r.nullable_bytes("key")?;
-    let value = r.nullable_bytes("value")?;
+    let key = r
+        .nullable_bytes("key")?
+        .map_or_else(|| null_at(r.pos), span);
+    let value = r
+        .nullable_bytes("value")?
+        .map_or_else(|| null_at(r.pos), span);
     let header_count = r.varint().ok_or("truncated header count")?;
     let header_count =
         u32::try_from(header_count).map_err(|_| format!("negative header count {header_count}"))?;
-    let headers_start = r.position();
     for h in 0..header_count {
         let key_len = r.varint().ok_or("truncated header key length")?;
         if usize::try_from(key_len)
@@ -625,7 +629,6 @@ fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Resu
         }
         r.nullable_bytes("header value")?;
     }
-    let headers_end = r.position();
     if r.remaining() != 0 {
         return Err(format!(
             "{} bytes follow the fields of a {len}-byte record",
@@ -633,17 +636,15 @@ fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Resu
         ));
     }
 
-    let (offset, timestamp) = base
+    let (offset_delta, timestamp) = base
         .place(offset_delta, timestamp_delta)
         .ok_or_else(|| base.misplaced(offset_delta, timestamp_delta))?;
     Ok(Entry {
-        offset,
         timestamp,
+        offset_delta,
         segment,
-        header_count,
-        key: key.map_or(Span::NULL, span),
-        value: value.map_or(Span::NULL, span),
-        headers: span(headers_start..headers_end),
+        key,
+        value,
     })
 }
 
@@ -668,19 +669,20 @@ impl RecordBase {
         }
     }
 
-    /// The offset and timestamp of a record with these deltas (Java `DefaultRecord.readFrom`'s
-    /// checks), or `None` if they are out of range: [`misplaced`](Self::misplaced) says how.
+    /// The offset delta (its offset checked to fit) and timestamp of a record with these
+    /// deltas (Java `DefaultRecord.readFrom`'s checks), or `None` if they are out of range:
+    /// [`misplaced`](Self::misplaced) says how.
     #[inline(always)]
-    fn place(&self, offset_delta: i32, timestamp_delta: i64) -> Option<(i64, i64)> {
+    fn place(&self, offset_delta: i32, timestamp_delta: i64) -> Option<(u32, i64)> {
         if offset_delta < 0 || offset_delta > self.last_offset_delta {
             return None;
         }
-        let offset = self.base_offset.checked_add(i64::from(offset_delta))?;
+        self.base_offset.checked_add(i64::from(offset_delta))?;
         let timestamp = match self.fixed_timestamp {
             Some(t) => t,
             None => self.base_timestamp.checked_add(timestamp_delta)?,
         };
-        Some((offset, timestamp))
+        Some((offset_delta.unsigned_abs(), timestamp))
     }
 
     /// Why [`place`](Self::place) refused these deltas.
@@ -719,9 +721,8 @@ impl RecordBase {
         let (offset_delta, p) = short_varint(body, p)?;
         let (key, p) = short_bytes(body, p)?;
         let (value, p) = short_bytes(body, p)?;
-        let (header_count, headers_start) = short_varint(body, p)?;
+        let (header_count, mut p) = short_varint(body, p)?;
         let header_count = u32::try_from(header_count).ok()?;
-        let mut p = headers_start;
         for _ in 0..header_count {
             let (key_len, q) = short_length(body, p)?;
             let key_end = q + key_len;
@@ -733,16 +734,14 @@ impl RecordBase {
         if p != end {
             return None;
         }
-        let (offset, timestamp) = self.place(offset_delta, i64::from(timestamp_delta))?;
+        let (offset_delta, timestamp) = self.place(offset_delta, i64::from(timestamp_delta))?;
         Some((
             Entry {
-                offset,
                 timestamp,
+                offset_delta,
                 segment,
-                header_count,
                 key,
                 value,
-                headers: span(headers_start..p),
             },
             end,
         ))
@@ -784,13 +783,22 @@ fn short_bytes(buf: &[u8], pos: usize) -> Option<(Span, usize)> {
     let (raw, p) = short_raw(buf, pos)?;
     // Zigzag: even raw values are lengths, 1 is -1 (null), other odd ones are negative.
     if raw & 1 != 0 {
-        return (raw == 1).then_some((Span::NULL, p));
+        return (raw == 1).then_some((null_at(p), p));
     }
     let end = p + (raw >> 1) as usize;
     if end > buf.len() {
         return None;
     }
     Some((span(p..end), end))
+}
+
+/// A null span at a position of a buffer shorter than `u32::MAX` bytes.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "decode_batch checked that the buffer is shorter than u32::MAX"
+)]
+fn null_at(pos: usize) -> Span {
+    Span::null_at(pos as u32)
 }
 
 /// A range of a buffer shorter than `u32::MAX` bytes as a span.
@@ -805,8 +813,7 @@ fn span(range: Range<usize>) -> Span {
     }
 }
 
-/// A record's headers, still encoded: the bytes from the first header's key length to the end
-/// of the last header's value. Decoding checked them; iteration still stops at the first
+/// A record's headers, still encoded. Decoding checked them; iteration still stops at the first
 /// malformed header instead of panicking.
 #[derive(Clone, Debug)]
 pub(crate) struct HeaderIter<'a> {
@@ -816,13 +823,21 @@ pub(crate) struct HeaderIter<'a> {
 }
 
 impl<'a> HeaderIter<'a> {
-    /// Iterates over `count` headers encoded in `buf`.
-    pub(crate) fn new(buf: &'a [u8], count: u32) -> Self {
+    /// Iterates over the headers of a record whose bytes from its header count on start
+    /// `tail`: none if the count is malformed or negative.
+    pub(crate) fn counted(tail: &'a [u8]) -> Self {
+        let mut r = Cursor::new(tail);
+        let count = r.varint().and_then(|c| u32::try_from(c).ok());
         Self {
-            buf,
-            pos: 0,
-            left: count,
+            buf: tail,
+            pos: r.position(),
+            left: count.unwrap_or(0),
         }
+    }
+
+    /// How many headers are left to read.
+    pub(crate) fn len(&self) -> usize {
+        self.left as usize
     }
 
     fn read(&mut self) -> Option<(&'a [u8], Option<&'a [u8]>)> {

@@ -906,12 +906,57 @@ fn varints_read_like_java() {
 
 #[test]
 fn malformed_headers_stop_iteration() {
-    let garbage: &[u8] = &[0x04, b'a', b'b', 0x7f, 0x02];
-    assert_eq!(HeaderIter::new(garbage, 5).count(), 0);
-    let one_good: &[u8] = &[0x02, b'a', 0x01, 0x09];
-    let headers: Vec<_> = HeaderIter::new(one_good, 3).collect();
+    // Counts are zigzag varints: 0x0a is 5, 0x06 is 3.
+    let garbage: &[u8] = &[0x0a, 0x04, b'a', b'b', 0x7f, 0x02];
+    assert_eq!(HeaderIter::counted(garbage).len(), 5);
+    assert_eq!(HeaderIter::counted(garbage).count(), 0);
+    let one_good: &[u8] = &[0x06, 0x02, b'a', 0x01, 0x09];
+    let headers: Vec<_> = HeaderIter::counted(one_good).collect();
     assert_eq!(headers, [(&b"a"[..], None)]);
-    assert_eq!(HeaderIter::new(&[], u32::MAX).count(), 0);
+    // i32::MAX headers claimed, none there.
+    assert_eq!(
+        HeaderIter::counted(&[0xfe, 0xff, 0xff, 0xff, 0x0f]).count(),
+        0
+    );
+    // A negative, truncated or missing count: no headers.
+    for tail in [&[0x01][..], &[0x80], &[]] {
+        assert_eq!(HeaderIter::counted(tail).len(), 0, "{tail:?}");
+    }
+}
+
+#[test]
+fn headers_follow_null_keys_and_values() {
+    // Headers are found after the value; after a null one, right after its length.
+    let records = [
+        record(
+            9,
+            1_700_000_000_000,
+            None,
+            None,
+            &[("a", Some(b"1")), ("n", None)],
+        ),
+        record(10, 1_700_000_000_001, Some(b"k"), None, &[("b", Some(b""))]),
+        record(11, 1_700_000_000_002, None, Some(b"v"), &[]),
+        record(12, 1_700_000_000_003, None, None, &[]),
+        record(
+            13,
+            1_700_000_000_004,
+            None,
+            Some(&[1; 9000]),
+            &[("long", Some(b"2"))],
+        ),
+    ];
+    let batch = RecordBatch::new(encode(&records, KpCompression::None)).unwrap();
+    for fast in [true, false] {
+        let mut out = Records::new();
+        let limits = DecodeLimits::default();
+        if fast {
+            decode_batch(&batch, &limits, &mut out).unwrap();
+        } else {
+            decode_batch_general(&batch, &limits, &mut out).unwrap();
+        }
+        assert_matches(&out, &records);
+    }
 }
 
 /// xorshift64: deterministic, no dependency.
