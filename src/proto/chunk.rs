@@ -77,6 +77,11 @@ impl ChunkCursor {
     /// whether CRCs are checked.
     pub(crate) fn next_piece(&mut self, limits: &DecodeLimits, soft_cap: usize) -> Piece {
         let mut p = Piece::default();
+        // Room for the piece's records at once, rather than growing batch by batch.
+        p.records.entries.reserve(
+            self.batches
+                .records_ahead(soft_cap / size_of::<Entry>() + 1),
+        );
         while !self.done {
             let Some(item) = self.batches.next() else {
                 self.done = true;

@@ -368,6 +368,28 @@ impl BatchIter {
     pub fn remaining_bytes(&self) -> usize {
         self.rest.len()
     }
+
+    /// How many records the complete uncompressed batches ahead hold, up to `limit`, for
+    /// sizing what they decode into: each batch's record count as written, but no more than
+    /// its bytes could hold. The count stops at the first compressed, partial or malformed
+    /// batch (the iterator reports a malformed one).
+    pub(crate) fn records_ahead(&self, limit: usize) -> usize {
+        let mut buf: &[u8] = &self.rest;
+        let mut total = 0usize;
+        while total < limit {
+            let (Ok(Some(len)), Some(header)) = (next_batch_len(buf), BatchHeader::read(buf))
+            else {
+                break;
+            };
+            if header.compression() != Some(Compression::None) {
+                break;
+            }
+            let fits = (len - BATCH_HEADER_LEN) / MIN_RECORD_LEN;
+            total += usize::try_from(header.record_count).map_or(0, |n| n.min(fits));
+            buf = &buf[len..];
+        }
+        total.min(limit)
+    }
 }
 
 impl Iterator for BatchIter {

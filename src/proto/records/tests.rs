@@ -925,6 +925,34 @@ fn malformed_headers_stop_iteration() {
 }
 
 #[test]
+fn records_ahead_counts_whole_uncompressed_batches() {
+    let plain = encode(&sample_records(0), KpCompression::None);
+    let packed = encode(&sample_records(5), KpCompression::Lz4);
+    let cat = |parts: &[&[u8]]| Bytes::from(parts.concat());
+    let ahead = |bytes: Bytes, limit| BatchIter::new(bytes).records_ahead(limit);
+    assert_eq!(ahead(cat(&[&plain, &plain]), 100), 10);
+    assert_eq!(
+        ahead(cat(&[&plain, &plain]), 7),
+        7,
+        "the limit caps the count"
+    );
+    // The count stops at a compressed batch, and at a partial one.
+    assert_eq!(ahead(cat(&[&plain, &packed, &plain]), 100), 5);
+    assert_eq!(ahead(cat(&[&plain, &plain[..plain.len() - 1]]), 100), 5);
+    assert_eq!(ahead(Bytes::new(), 100), 0);
+    // A record count the bytes cannot hold counts as what they could hold; a negative one
+    // as none.
+    let claims = |count: i32| {
+        patched(&plain, |b| {
+            b[RECORD_COUNT_OFFSET..RECORD_COUNT_OFFSET + 4].copy_from_slice(&count.to_be_bytes());
+        })
+    };
+    let fits = (plain.len() - BATCH_HEADER_LEN) / MIN_RECORD_LEN;
+    assert_eq!(ahead(claims(i32::MAX), usize::MAX), fits);
+    assert_eq!(ahead(cat(&[&claims(-1), &plain]), 100), 5);
+}
+
+#[test]
 fn headers_follow_null_keys_and_values() {
     // Headers are found after the value; after a null one, right after its length.
     let records = [
