@@ -673,7 +673,6 @@ fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Resu
 /// What every record of a batch takes from the batch header, for both record readers.
 #[derive(Clone, Copy)]
 struct RecordBase {
-    base_offset: i64,
     last_offset_delta: i32,
     /// `Some(max_timestamp)` under log-append time.
     fixed_timestamp: Option<i64>,
@@ -683,7 +682,6 @@ struct RecordBase {
 impl RecordBase {
     fn new(header: &BatchHeader) -> Self {
         Self {
-            base_offset: header.base_offset,
             last_offset_delta: header.last_offset_delta,
             fixed_timestamp: (header.timestamp_type() == TimestampType::LogAppendTime)
                 .then_some(header.max_timestamp),
@@ -691,15 +689,15 @@ impl RecordBase {
         }
     }
 
-    /// The offset delta (its offset checked to fit) and timestamp of a record with these
-    /// deltas (Java `DefaultRecord.readFrom`'s checks), or `None` if they are out of range:
-    /// [`misplaced`](Self::misplaced) says how.
+    /// The offset delta and timestamp of a record with these deltas (Java
+    /// `DefaultRecord.readFrom`'s checks), or `None` if they are out of range:
+    /// [`misplaced`](Self::misplaced) says how. A delta within `0..=last_offset_delta` gives an
+    /// offset that fits: [`BatchHeader::check`] refused every batch whose last offset overflows.
     #[inline(always)]
     fn place(&self, offset_delta: i32, timestamp_delta: i64) -> Option<(u32, i64)> {
         if offset_delta < 0 || offset_delta > self.last_offset_delta {
             return None;
         }
-        self.base_offset.checked_add(i64::from(offset_delta))?;
         let timestamp = match self.fixed_timestamp {
             Some(t) => t,
             None => self.base_timestamp.checked_add(timestamp_delta)?,
@@ -715,12 +713,6 @@ impl RecordBase {
                 "offset delta {offset_delta} outside the batch's 0..={}",
                 self.last_offset_delta
             )
-        } else if self
-            .base_offset
-            .checked_add(i64::from(offset_delta))
-            .is_none()
-        {
-            "offset overflows".to_owned()
         } else {
             format!("timestamp delta {timestamp_delta} overflows")
         }
