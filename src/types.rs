@@ -81,9 +81,9 @@ pub struct Record<'a> {
     pub value: Option<&'a [u8]>,
     /// The leader epoch of the batch the record came in (-1 if unknown).
     pub leader_epoch: i32,
-    /// The record's encoded bytes from its header count on (and the records after it, which
-    /// reading the headers never reaches); read them with [`Record::headers`].
-    tail: &'a [u8],
+    /// Where in `buffer` the record's header count starts; read the headers with
+    /// [`Record::headers`].
+    headers_at: usize,
     /// The buffer `key`, `value` and `headers` point into.
     buffer: &'a Bytes,
 }
@@ -94,12 +94,19 @@ impl<'a> Record<'a> {
     /// The encoding was checked when the batch was decoded, so iteration yields exactly
     /// [`header_count`](Self::header_count) entries.
     pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
-        crate::proto::records::HeaderIter::counted(self.tail)
+        crate::proto::records::HeaderIter::counted(self.headers_tail())
     }
 
     /// The number of headers.
     pub fn header_count(&self) -> usize {
-        crate::proto::records::HeaderIter::counted(self.tail).len()
+        crate::proto::records::HeaderIter::counted(self.headers_tail()).len()
+    }
+
+    /// The buffer from the record's header count on (and the records after it, which reading
+    /// the headers never reaches).
+    fn headers_tail(&self) -> &'a [u8] {
+        let buffer: &'a [u8] = self.buffer;
+        buffer.get(self.headers_at..).unwrap_or_default()
     }
 
     /// The key as an owned, zero-copy handle on the fetched bytes (it keeps them alive).
@@ -281,7 +288,7 @@ impl Records {
             key: e.key.get(buf),
             value: e.value.get(buf),
             leader_epoch: seg.leader_epoch,
-            tail: buf.get(e.value.end()..).unwrap_or_default(),
+            headers_at: e.value.end(),
             buffer: &seg.bytes,
         }
     }
