@@ -384,8 +384,8 @@ impl BatchIter {
             if header.compression() != Some(Compression::None) {
                 break;
             }
-            let fits = (len - BATCH_HEADER_LEN) / MIN_RECORD_LEN;
-            total += usize::try_from(header.record_count).map_or(0, |n| n.min(fits));
+            let count = usize::try_from(header.record_count).unwrap_or(0);
+            total += records_that_fit(count, len - BATCH_HEADER_LEN);
             buf = &buf[len..];
         }
         total.min(limit)
@@ -569,6 +569,12 @@ fn decode_batch_with(
     }
 }
 
+/// A batch's record count as written, capped at what `payload_len` bytes of records could hold:
+/// what sizing for its records may trust of a hostile count.
+fn records_that_fit(count: usize, payload_len: usize) -> usize {
+    count.min(payload_len / MIN_RECORD_LEN)
+}
+
 /// Decodes exactly `count` records filling all of `data`.
 ///
 /// If `fast`, each record is first offered to [`RecordBase::read_short`], which reads the common
@@ -584,7 +590,7 @@ fn decode_records(
     fast: bool,
 ) -> Result<(), ProtocolViolation> {
     // A hostile count must not reserve more than the bytes could hold.
-    out.reserve(count.min(data.len() / MIN_RECORD_LEN));
+    out.reserve(records_that_fit(count, data.len()));
     let mut cursor = Cursor::new(data);
     let base = RecordBase::new(header);
     for i in 0..count {
