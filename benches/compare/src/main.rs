@@ -2,11 +2,11 @@
 //!
 //! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N] [--warmups N]`
 //!
-//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, 120 broker warm-up runs
-//! (the raw fetch and kafka-source on the uncompressed 100 B topics), one warm-up round and five
-//! measured rounds. `--quick`: 200,000 and 40,000 records, 40 broker warm-up runs, one round, no
-//! warm-up round, and a 16 MiB budget for the slow application (its topic is smaller than the
-//! default 64 MiB).
+//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, 120 to 600 broker
+//! warm-up runs (the raw fetch and kafka-source on the uncompressed 100 B topics, until the
+//! broker's JIT compiler is quiet), one warm-up round and five measured rounds. `--quick`:
+//! 200,000 and 40,000 records, 40 to 200 broker warm-up runs, one round, no warm-up round, and a
+//! 16 MiB budget for the slow application (its topic is smaller than the default 64 MiB).
 //! `--reps` and `--warmups` change the number of measured and warm-up rounds.
 //!
 //! The driver starts one Apache Kafka 4.1.2 broker with the test harness (`protocol-tests`),
@@ -154,8 +154,11 @@ pub(crate) struct Plan {
     pub(crate) quick: bool,
     pub(crate) warmups: usize,
     /// Runs of the raw fetch and kafka-source, alternating over the uncompressed 100 B topics,
-    /// before the first round, so that the broker's JIT compiler has compiled its fetch path.
+    /// before the first round, so that the broker's JIT compiler has compiled its fetch path:
+    /// at least this many, and more until the JIT is quiet (see [`warm_up_broker`]).
     pub(crate) broker_warmup_runs: usize,
+    /// The most broker warm-up runs, quiet or not.
+    pub(crate) broker_warmup_max_runs: usize,
     pub(crate) reps: usize,
     pub(crate) records_small: u64,
     pub(crate) records_large: u64,
@@ -173,6 +176,7 @@ impl Plan {
                 quick,
                 warmups: 0,
                 broker_warmup_runs: 40,
+                broker_warmup_max_runs: 200,
                 reps: 1,
                 records_small: 200_000,
                 records_large: 40_000,
@@ -186,6 +190,7 @@ impl Plan {
                 quick,
                 warmups: 1,
                 broker_warmup_runs: 120,
+                broker_warmup_max_runs: 600,
                 reps: 5,
                 records_small: 1_000_000,
                 records_large: 200_000,
@@ -256,7 +261,7 @@ fn main() {
     let cases = make_cases(&cluster, &plan, nanos);
     let java_dir = compile_java(&out);
 
-    warm_up_broker(&plan, &cases, &bootstrap, &log);
+    let warmup = warm_up_broker(&plan, &cases, &bootstrap, broker_pid, &log);
 
     // Throughput: rounds over all cases; within a case the clients' order rotates every round.
     let mut throughput = Vec::new();
@@ -368,6 +373,7 @@ fn main() {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
+        warmup,
         took: started.elapsed(),
     };
     let markdown = report.write(&out).unwrap_or_else(|e| {
@@ -500,39 +506,93 @@ fn compile_java(out: &Path) -> PathBuf {
 
 /// One throughput run of `client` on `case`. With the broker's process id, the broker's CPU
 /// time during the run is measured too.
-/// Serves the broker [`Plan::broker_warmup_runs`] fast reads of the uncompressed 100 B topics,
-/// alternating the raw fetch and kafka-source, before anything is measured.
+/// Serves the broker fast reads of the uncompressed 100 B topics, alternating the raw fetch and
+/// kafka-source, before anything is measured: at least [`Plan::broker_warmup_runs`], then on
+/// until the broker's JIT compiler threads took less than [`JIT_QUIET_SECS`] of CPU over the
+/// last [`JIT_QUIET_RUNS`] runs, or [`Plan::broker_warmup_max_runs`] runs were made. Without the
+/// broker's process id (an external broker) the JIT cannot be watched: the minimum is run.
 ///
-/// A freshly started broker's JVM compiles its fetch path during the first hundred or so runs:
-/// its C2 compiler thread then takes up to 0.2 s of CPU in bursts that land on whichever
-/// client runs at the time, on a machine whose cores the clients share with the broker. The
-/// warm-up round alone, one run per client and topic, does not get it there.
-fn warm_up_broker(plan: &Plan, cases: &[Case], bootstrap: &str, log: &Path) {
+/// The broker's fetch path runs once per Fetch request, not per record, so its JVM compiles it
+/// only after tens of thousands of requests: a 1,000,000-record run of 100 B records makes
+/// about 115. Until then the C2 compiler thread takes up to 0.35 s of CPU per run, in bursts
+/// that land on whichever client runs at the time, on a machine whose cores the clients share
+/// with the broker. The warm-up round alone, one run per client and topic, does not get there.
+fn warm_up_broker(
+    plan: &Plan,
+    cases: &[Case],
+    bootstrap: &str,
+    broker: Option<u32>,
+    log: &Path,
+) -> WarmUp {
     let topics: Vec<&Case> = cases
         .iter()
         .filter(|c| c.value_size == 100 && c.compression == Compression::None)
         .collect();
+    let mut warmup = WarmUp::default();
     if topics.is_empty() || plan.broker_warmup_runs == 0 {
-        return;
+        return warmup;
     }
     let started = Instant::now();
     let mut failed = 0;
-    for i in 0..plan.broker_warmup_runs {
+    // JIT CPU of each run so far.
+    let mut jit = Vec::new();
+    while warmup.runs < plan.broker_warmup_max_runs.max(plan.broker_warmup_runs) {
+        if warmup.runs >= plan.broker_warmup_runs {
+            let Some(last) = last_runs_jit(&jit) else {
+                break; // nothing to watch
+            };
+            if last < JIT_QUIET_SECS {
+                break;
+            }
+        }
+        let i = warmup.runs;
         let client = if i % 2 == 0 {
             Client::Raw
         } else {
             Client::Ours
         };
         let case = topics[(i / 2) % topics.len()];
+        let before = broker.and_then(proc::jit_cpu_secs);
         if run_throughput_child(client, case, bootstrap, log).is_none() {
             failed += 1;
         }
+        let after = broker.and_then(proc::jit_cpu_secs);
+        if let Some((before, after)) = before.zip(after) {
+            jit.push(after - before);
+        }
+        warmup.runs += 1;
     }
+    warmup.jit_last = last_runs_jit(&jit);
     eprintln!(
-        "[compare] broker warm-up: {} runs in {:.1} s ({failed} failed)",
-        plan.broker_warmup_runs,
-        started.elapsed().as_secs_f64()
+        "[compare] broker warm-up: {} runs in {:.1} s ({failed} failed); JIT CPU over the last {JIT_QUIET_RUNS}: {}",
+        warmup.runs,
+        started.elapsed().as_secs_f64(),
+        warmup
+            .jit_last
+            .map_or("not known".to_string(), |s| format!("{:.0} ms", s * 1e3))
     );
+    warmup
+}
+
+/// The broker's JIT counts as quiet once its compiler threads took less than this much CPU over
+/// the last [`JIT_QUIET_RUNS`] warm-up runs.
+const JIT_QUIET_SECS: f64 = 0.05;
+pub(crate) const JIT_QUIET_RUNS: usize = 10;
+
+/// JIT CPU over the last [`JIT_QUIET_RUNS`] runs, if that many were watched.
+fn last_runs_jit(jit: &[f64]) -> Option<f64> {
+    jit.len()
+        .checked_sub(JIT_QUIET_RUNS)
+        .map(|from| jit[from..].iter().sum())
+}
+
+/// What the broker's warm-up did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WarmUp {
+    pub(crate) runs: usize,
+    /// The broker's JIT compiler CPU over the last [`JIT_QUIET_RUNS`] runs, in seconds (`None`
+    /// if it could not be watched).
+    pub(crate) jit_last: Option<f64>,
 }
 
 fn run_throughput(
@@ -543,13 +603,18 @@ fn run_throughput(
     log: &Path,
 ) -> Option<Measured> {
     let broker_before = broker.and_then(proc::threads_cpu_secs);
+    let jit_before = broker.and_then(proc::jit_cpu_secs);
     let measured = run_throughput_child(client, case, bootstrap, log)?;
     let broker_after = broker.and_then(proc::threads_cpu_secs);
+    let jit_after = broker.and_then(proc::jit_cpu_secs);
     let broker_cpu = broker_before
         .zip(broker_after)
         .map(|(before, after)| after - before);
     Some(Measured {
         broker_cpu_per_million: broker_cpu.map(|c| case.per_million(c)),
+        broker_jit_secs: jit_before
+            .zip(jit_after)
+            .map(|(before, after)| after - before),
         ..measured
     })
 }
@@ -629,6 +694,7 @@ fn run_throughput_child(
         cpu_secs: run.cpu_secs,
         cpu_per_million: case.per_million(run.cpu_secs),
         broker_cpu_per_million: None,
+        broker_jit_secs: None,
         peak_rss: run.peak_rss,
     })
 }
@@ -649,6 +715,9 @@ pub(crate) struct Measured {
     /// The broker's CPU time (all its threads) during the run, from starting the client to its
     /// exit, per million records; `None` for an external broker.
     pub(crate) broker_cpu_per_million: Option<f64>,
+    /// CPU time of the broker's JIT compiler threads during the run, in seconds; `None` for an
+    /// external broker.
+    pub(crate) broker_jit_secs: Option<f64>,
     pub(crate) peak_rss: u64,
 }
 

@@ -158,8 +158,30 @@ fn read_proc(pid: u32) -> Option<(u64, f64)> {
 /// (nanoseconds on the CPU). Threads that ended are not counted: for a long-running process
 /// such as the broker, read it before and after a run and take the difference.
 pub(crate) fn threads_cpu_secs(pid: u32) -> Option<f64> {
+    cpu_secs_of_threads(pid, None)
+}
+
+/// CPU time of the live JIT compiler threads of the JVM `pid` (HotSpot names them `C1
+/// CompilerThread<n>` and `C2 CompilerThread<n>`), in seconds; read it before and after a run
+/// as with [`threads_cpu_secs`].
+pub(crate) fn jit_cpu_secs(pid: u32) -> Option<f64> {
+    cpu_secs_of_threads(
+        pid,
+        Some(|name: &str| name.starts_with("C1 Compiler") || name.starts_with("C2 Compiler")),
+    )
+}
+
+/// CPU time of the live threads of `pid`, or of those whose name (`comm`) passes `keep`.
+fn cpu_secs_of_threads(pid: u32, keep: Option<fn(&str) -> bool>) -> Option<f64> {
     let mut ns = 0u64;
     for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        if let Some(keep) = keep {
+            let named = fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| keep(name.trim_end()));
+            if !named {
+                continue;
+            }
+        }
         // A thread that ends between the listing and the read is left out.
         if let Ok(stat) = fs::read_to_string(task.path().join("schedstat")) {
             ns += stat

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
-use crate::{Case, Client, LATENCY_CLIENTS, Measured, Plan, latency_label};
+use crate::{Case, Client, JIT_QUIET_RUNS, LATENCY_CLIENTS, Measured, Plan, WarmUp, latency_label};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -116,6 +116,7 @@ pub(crate) struct Report {
     pub(crate) slow_budget: u64,
     pub(crate) slow_micros_per_record: u64,
     pub(crate) broker_properties: Vec<String>,
+    pub(crate) warmup: WarmUp,
     pub(crate) took: Duration,
 }
 
@@ -190,6 +191,30 @@ impl Report {
             + self.slow.iter().filter(|r| r.is_none()).count()
     }
 
+    /// How much CPU the broker's JIT compiler threads took during the measured throughput runs,
+    /// and in which run the most; `None` if they could not be watched.
+    fn jit_line(&self) -> Option<String> {
+        let watched: Vec<(&ThroughputRun, f64)> = self
+            .throughput
+            .iter()
+            .filter_map(|r| Some((r, r.run?.broker_jit_secs?)))
+            .collect();
+        let (worst, most) = watched
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|&(r, secs)| (r, secs))?;
+        let total: f64 = watched.iter().map(|(_, secs)| secs).sum();
+        Some(format!(
+            "The broker's JIT compiler threads took {:.0} ms of CPU during these {} runs, at most \
+             {:.0} ms in one ({}, {}).",
+            total * 1e3,
+            watched.len(),
+            most * 1e3,
+            self.cases[worst.case].label(),
+            worst.client.label()
+        ))
+    }
+
     fn rate(&self, case: usize, client: Client) -> Option<Spread> {
         spread(self.runs(case, client).iter().map(|m| m.records_per_s))
     }
@@ -250,7 +275,7 @@ impl Report {
             "Each client consumes the whole topic from offset 0 in its own process ({} records of \
              100 B, {} of 1 KiB; keys are the record numbers in decimal). Median (min–max) over {} \
              run(s) after {} warm-up round(s), which came after {} runs of the raw fetch and \
-             kafka-source on the uncompressed 100 B topics that warm up the broker's JIT; rounds \
+             kafka-source on the uncompressed 100 B topics that warm up the broker's JIT ({}); rounds \
              go over all topics, and the clients' order rotates from round to round. records/s and \
              MB/s run from creating the client to the last record (for the Java tool, its own \
              `fetch.time.ms`, which leaves out its group join but includes its first fetch). \
@@ -267,7 +292,14 @@ impl Report {
             grouped(p.records_large as f64),
             p.reps,
             p.warmups,
-            p.broker_warmup_runs,
+            self.warmup.runs,
+            self.warmup.jit_last.map_or_else(
+                || "its compiler threads could not be watched".to_string(),
+                |secs| format!(
+                    "its compiler threads took {:.0} ms of CPU over the last {JIT_QUIET_RUNS} of them",
+                    secs * 1e3
+                )
+            ),
         );
         let _ = writeln!(
             s,
@@ -318,6 +350,9 @@ impl Report {
                     median(&|r| r.peak_rss as f64 / MIB),
                 );
             }
+        }
+        if let Some(jit) = self.jit_line() {
+            let _ = writeln!(s, "\n{jit}");
         }
         let _ = writeln!(
             s,
@@ -550,7 +585,7 @@ impl Report {
 
     fn csv(&self) -> String {
         let mut s = String::from(
-            "kind,topic,client,records_per_s,mb_per_s,cpu_s,cpu_s_per_million,broker_cpu_s_per_million,peak_rss_bytes,p50_ms,p99_ms,max_ms\n",
+            "kind,topic,client,records_per_s,mb_per_s,cpu_s,cpu_s_per_million,broker_cpu_s_per_million,broker_jit_s,peak_rss_bytes,p50_ms,p99_ms,max_ms\n",
         );
         for r in &self.throughput {
             let case = &self.cases[r.case];
@@ -558,7 +593,7 @@ impl Report {
                 Some(m) => {
                     let _ = writeln!(
                         s,
-                        "throughput,{},{},{:.0},{:.2},{:.3},{:.3},{},{},,,",
+                        "throughput,{},{},{:.0},{:.2},{:.3},{:.3},{},{},{},,,",
                         case.label().replace(',', ""),
                         r.client.label(),
                         m.records_per_s,
@@ -567,13 +602,15 @@ impl Report {
                         m.cpu_per_million,
                         m.broker_cpu_per_million
                             .map_or(String::new(), |c| format!("{c:.3}")),
+                        m.broker_jit_secs
+                            .map_or(String::new(), |c| format!("{c:.3}")),
                         m.peak_rss
                     );
                 }
                 None => {
                     let _ = writeln!(
                         s,
-                        "throughput,{},{},failed,,,,,,,,",
+                        "throughput,{},{},failed,,,,,,,,,",
                         case.label().replace(',', ""),
                         r.client.label()
                     );
@@ -585,7 +622,7 @@ impl Report {
                 Some(r) => {
                     let _ = writeln!(
                         s,
-                        "commit_latency,,{},,,,,,{},{:.3},{:.3},{:.3}",
+                        "commit_latency,,{},,,,,,,{},{:.3},{:.3},{:.3}",
                         latency_label(*client),
                         r.peak_rss,
                         r.p50_ms,
@@ -596,7 +633,7 @@ impl Report {
                 None => {
                     let _ = writeln!(
                         s,
-                        "commit_latency,,{},failed,,,,,,,,",
+                        "commit_latency,,{},failed,,,,,,,,,",
                         latency_label(*client)
                     );
                 }
@@ -605,7 +642,7 @@ impl Report {
         for r in self.slow.iter().flatten() {
             let _ = writeln!(
                 s,
-                "slow_application,{},kafka-source,{:.0},,,,,{},,,",
+                "slow_application,{},kafka-source,{:.0},,,,,,{},,,",
                 self.slow_case_label.replace(',', ""),
                 r.records_per_s,
                 r.peak_rss
