@@ -118,11 +118,11 @@ impl ChunkCursor {
                 break;
             }
             if header.base_offset < self.fetch_offset {
+                // The position as an offset delta of this batch (positive here).
+                let first = self.fetch_offset - header.base_offset;
                 let below = p.records.entries[start..]
                     .iter()
-                    .take_while(|r| {
-                        header.base_offset + i64::from(r.offset_delta) < self.fetch_offset
-                    })
+                    .take_while(|r| i64::from(r.offset_delta) < first)
                     .count();
                 p.records.entries.drain(start..start + below);
             }
