@@ -58,7 +58,8 @@ fn tp(p: i32) -> TopicPartition {
 // ---------------------------------------------------------------------------------------------
 
 /// One error to inject: at the first request of `api` numbered `at` or later (0-based, counting
-/// every request of that API) that is `ready` (KIP-848: the member reports owned partitions).
+/// every request of that API) that is `ready` (KIP-848: the member reports owned partitions,
+/// and their committed offsets were looked up, so the application holds them).
 #[derive(Clone, Copy, Debug)]
 struct Inject {
     api: ApiKey,
@@ -93,6 +94,8 @@ struct Script {
     leader_with: Option<Vec<(String, Bytes)>>,
     /// KIP-848: extra topic ids in the assignment.
     extra_topic_ids: Vec<uuid::Uuid>,
+    /// OffsetFetch requests answered.
+    offset_fetches: usize,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -265,7 +268,11 @@ fn cgh_rule(sc: Shared, topic: MockTopic) -> impl Fn(&Received) -> Reply {
         let mut g = sc.lock().unwrap();
         g.cgh.push((r.member_id.to_string(), r.member_epoch));
         let owns = r.topic_partitions.as_ref().is_some_and(|t| !t.is_empty());
-        if let Some(code) = g.next(ApiKey::ConsumerGroupHeartbeat, owns) {
+        // The member acknowledges an assignment at once, while the committed offsets of its
+        // partitions are still being looked up; only once they were is the application sure to
+        // hold the partitions that an injected fence takes away.
+        let ready = owns && g.offset_fetches > 0;
+        if let Some(code) = g.next(ApiKey::ConsumerGroupHeartbeat, ready) {
             if is_dead_code(code) {
                 let epoch = r.member_epoch;
                 g.dead.push((epoch, Instant::now()));
@@ -475,7 +482,11 @@ async fn group_mock(inject: Option<Inject>) -> (MockBroker, Shared) {
         cgh_rule(Arc::clone(&sc), topic.clone()),
     );
     m.always(ApiKey::OffsetCommit, commit_rule(Arc::clone(&sc)));
-    m.always(ApiKey::OffsetFetch, offset_fetch_rule);
+    let fetches = Arc::clone(&sc);
+    m.always(ApiKey::OffsetFetch, move |req| {
+        fetches.lock().unwrap().offset_fetches += 1;
+        offset_fetch_rule(req)
+    });
     m.always(ApiKey::Fetch, fetch_rule(topic));
     (m, sc)
 }
