@@ -30,12 +30,16 @@ pub struct Recorded {
     pub read_committed: bool,
     /// The whole frame: length prefix, header, body.
     pub frame: Bytes,
+    /// Which of the client's connections it came on, counted from 0 in the order the proxy
+    /// accepted them.
+    pub connection: usize,
 }
 
 #[derive(Default)]
 struct State {
     recorded: Vec<Recorded>,
     tasks: Vec<AbortHandle>,
+    connections: usize,
 }
 
 /// The proxy; see the module docs. Its tasks stop when it is dropped.
@@ -74,7 +78,18 @@ impl RecordingProxy {
                     let Ok(upstream) = TcpStream::connect(&broker).await else {
                         continue;
                     };
-                    let task = tokio::spawn(relay(client, upstream, port, Arc::clone(&state)));
+                    let connection = {
+                        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                        s.connections += 1;
+                        s.connections - 1
+                    };
+                    let task = tokio::spawn(relay(
+                        client,
+                        upstream,
+                        port,
+                        connection,
+                        Arc::clone(&state),
+                    ));
                     state
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -104,6 +119,11 @@ impl RecordingProxy {
     pub fn recorded(&self) -> Vec<Recorded> {
         self.lock().recorded.clone()
     }
+
+    /// How many client connections the proxy accepted (and connected to the broker) so far.
+    pub fn connections(&self) -> usize {
+        self.lock().connections
+    }
 }
 
 type Requests = Arc<Mutex<HashMap<i32, (ApiKey, i16, bool)>>>;
@@ -117,7 +137,13 @@ async fn read_frame(rd: &mut (impl AsyncReadExt + Unpin)) -> Option<Bytes> {
     Some(buf.freeze())
 }
 
-async fn relay(client: TcpStream, upstream: TcpStream, port: u16, state: Arc<Mutex<State>>) {
+async fn relay(
+    client: TcpStream,
+    upstream: TcpStream,
+    port: u16,
+    connection: usize,
+    state: Arc<Mutex<State>>,
+) {
     let (mut crd, mut cwr) = client.into_split();
     let (mut urd, mut uwr) = upstream.into_split();
     let requests: Requests = Arc::default();
@@ -161,6 +187,7 @@ async fn relay(client: TcpStream, upstream: TcpStream, port: u16, state: Arc<Mut
                             version,
                             read_committed,
                             frame: frame.clone(),
+                            connection,
                         });
                     rewrite(api, version, &frame, port).unwrap_or(frame)
                 }

@@ -207,3 +207,65 @@ async fn out_of_range_offsets() {
     assert_eq!(got.offsets[&tp], vec![10, 11]);
     c.close().await;
 }
+
+/// Start-up against one broker takes two connections, not three: once metadata names the node
+/// at the bootstrap address, the bootstrap connection becomes its control connection (it
+/// carries ListOffsets), and the spare opened to the same address while the first Metadata
+/// request was out becomes its data connection, which carries nothing but ApiVersions and
+/// Fetch. A recording proxy in front of the broker counts the connections and sorts the
+/// answers by connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
+    use kafka_protocol::messages::ApiKey;
+    use protocol_tests::proxy::RecordingProxy;
+
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    if cluster.node_ids().len() != 1 {
+        println!(
+            "skipping start_up_takes_over_the_bootstrap_connection_and_a_spare: the recording proxy fronts a single broker, and this cluster has {}",
+            cluster.node_ids().len()
+        );
+        return;
+    }
+    let topic = unique("start-up");
+    cluster.create_topic(&topic, 1, 1, &[]);
+    let spec = ProduceSpec {
+        topic: &topic,
+        partitions: 1,
+        count: 1_000,
+        value_size: 100,
+        ..ProduceSpec::default()
+    };
+    let produced = cluster.produce(&spec);
+    assert_eq!(produced.produced, 1_000);
+
+    let proxy = RecordingProxy::start(&cluster.bootstrap()).await;
+    let cfg = config(&proxy.addr()).build().unwrap();
+    let mut consumer = Consumer::new(cfg).unwrap();
+    consumer.assign([(
+        TopicPartition::new(topic.as_str(), 0),
+        StartPosition::Earliest,
+    )]);
+    let got = drain(&mut consumer, 1_000, Duration::from_secs(60)).await;
+    assert_eq!(got.count, 1_000);
+    assert_eq!(got.checksum, produced.checksum, "content differs");
+    consumer.close().await;
+
+    assert_eq!(proxy.connections(), 2, "connections opened");
+    // The APIs answered on each connection, in the order first seen.
+    let mut apis: BTreeMap<usize, Vec<ApiKey>> = BTreeMap::new();
+    for r in proxy.recorded() {
+        let on = apis.entry(r.connection).or_default();
+        if !on.contains(&r.api) {
+            on.push(r.api);
+        }
+    }
+    let control = vec![ApiKey::ApiVersions, ApiKey::Metadata, ApiKey::ListOffsets];
+    let data = vec![ApiKey::ApiVersions, ApiKey::Fetch];
+    assert_eq!(
+        apis.into_values().collect::<Vec<_>>(),
+        [control, data],
+        "APIs per connection, in the order the proxy accepted them"
+    );
+}

@@ -254,6 +254,11 @@ impl Connection {
         })
     }
 
+    /// The broker this connection goes to, as it was named when connecting.
+    pub(crate) fn broker(&self) -> &BrokerRef {
+        &self.shared.broker
+    }
+
     /// False once the connection failed; the pool then replaces it.
     pub(crate) fn is_alive(&self) -> bool {
         matches!(*self.shared.state.lock(), State::Open(_))

@@ -555,6 +555,7 @@ impl Driver {
                 self.inflight.push(Box::pin(async move {
                     let res = async {
                         let conn = pool.any().await?;
+                        pool.open_spare(&conn);
                         let v = conn.version(versions::METADATA)?;
                         conn.request(&req, v, Duration::ZERO).await
                     }

@@ -4,11 +4,20 @@
 //! (Metadata, ListOffsets, FindCoordinator, OffsetCommit, OffsetFetch) goes on a control
 //! connection per broker, or a bootstrap connection, which never carries a Fetch. Failed
 //! connections are replaced after an exponential backoff.
+//!
+//! Start-up takes no more connections than it needs, and no more round trips: once metadata
+//! names the node at a bootstrap address, that node's control connection is the bootstrap
+//! connection itself, and its data connection is a spare that was opened to the same address
+//! while the first Metadata request was out ([`Pool::open_spare`]). So the first ListOffsets goes
+//! out as soon as metadata is in, and the first Fetch does not wait for a connection and its
+//! ApiVersions exchange.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::error::{BrokerRef, Error, Result};
@@ -29,6 +38,9 @@ pub(crate) enum ConnKey {
     Group(i32),
     /// A bootstrap address, by index, before metadata named the nodes.
     Bootstrap(usize),
+    /// A second connection to the bootstrap address that answered the first Metadata request,
+    /// for the node metadata finds there to take as its data connection.
+    Spare,
 }
 
 #[derive(Default)]
@@ -45,6 +57,18 @@ pub(crate) struct Pool {
     bootstrap: Vec<String>,
     nodes: Mutex<HashMap<i32, String>>,
     slots: Mutex<HashMap<ConnKey, Arc<tokio::sync::Mutex<Slot>>>>,
+    /// Whether a spare was tried (once per pool).
+    spare_tried: AtomicBool,
+    /// The task opening the spare, stopped with the pool.
+    spare_task: Mutex<Option<AbortHandle>>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(task) = self.spare_task.lock().take() {
+            task.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -63,6 +87,8 @@ impl Pool {
             bootstrap,
             nodes: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
+            spare_tried: AtomicBool::new(false),
+            spare_task: Mutex::new(None),
         }
     }
 
@@ -97,6 +123,9 @@ impl Pool {
                     .ok_or_else(|| Error::NoBroker(format!("no bootstrap address {i}")))?;
                 Ok((addr.clone(), BrokerRef::Address(addr)))
             }
+            ConnKey::Spare => Err(Error::NoBroker(
+                "the spare connection is only opened by Pool::open_spare".to_owned(),
+            )),
         }
     }
 
@@ -114,6 +143,12 @@ impl Pool {
                 return Ok(Arc::clone(c));
             }
             slot.conn = None;
+        }
+        if let Some(c) = self.adopt(key).await {
+            slot.conn = Some(Arc::clone(&c));
+            slot.failures = 0;
+            slot.retry_at = None;
+            return Ok(c);
         }
         if let Some(at) = slot.retry_at {
             tokio::time::sleep_until(at).await;
@@ -136,6 +171,62 @@ impl Pool {
         }
     }
 
+    /// A live connection already open to the address of `key`'s node, taken over for `key`: for
+    /// a control connection the bootstrap connection to that address, for a data connection the
+    /// spare (waiting for it if it is still connecting). `None` for any other key, or if there
+    /// is none.
+    async fn adopt(&self, key: ConnKey) -> Option<Arc<Connection>> {
+        let (from, addr) = match key {
+            ConnKey::Control(id) => {
+                let addr = self.node_addr(id)?;
+                let i = self.bootstrap.iter().position(|b| *b == addr)?;
+                (ConnKey::Bootstrap(i), addr)
+            }
+            ConnKey::Data(id) => (ConnKey::Spare, self.node_addr(id)?),
+            ConnKey::Group(_) | ConnKey::Bootstrap(_) | ConnKey::Spare => return None,
+        };
+        let slot = self.slots.lock().get(&from).map(Arc::clone)?;
+        let mut slot = slot.lock().await;
+        let at_addr = |c: &Arc<Connection>| {
+            c.is_alive() && matches!(c.broker(), BrokerRef::Address(a) if *a == addr)
+        };
+        if !slot.conn.as_ref().is_some_and(at_addr) {
+            return None;
+        }
+        let c = slot.conn.take()?;
+        tracing::debug!(?from, to = ?key, %addr, "connection taken over");
+        Some(c)
+    }
+
+    /// Opens the spare: a second connection to `conn`'s address, for the node metadata finds
+    /// there to take as its data connection. Only the first time, while no node is known, and
+    /// only for a bootstrap connection; call it with the connection the first Metadata request
+    /// goes on, before sending it. The spare's slot is held from this call on, so a data
+    /// connection asked for once that metadata is in waits for the spare rather than racing it.
+    /// The spare carries nothing until a node takes it: a spare that no node takes stays idle.
+    pub(crate) fn open_spare(&self, conn: &Connection) {
+        let BrokerRef::Address(addr) = conn.broker() else {
+            return;
+        };
+        if !self.nodes.lock().is_empty() || self.spare_tried.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let slot = Arc::clone(self.slots.lock().entry(ConnKey::Spare).or_default());
+        let Ok(mut slot) = slot.try_lock_owned() else {
+            return;
+        };
+        let addr = addr.clone();
+        let opts = self.opts.clone();
+        let task = tokio::spawn(async move {
+            let broker = BrokerRef::Address(addr.clone());
+            match Connection::connect(&addr, broker, opts).await {
+                Ok(c) => slot.conn = Some(Arc::new(c)),
+                Err(e) => tracing::debug!(error = %e, %addr, "spare connection failed"),
+            }
+        });
+        *self.spare_task.lock() = Some(task.abort_handle());
+    }
+
     fn in_backoff(&self, key: ConnKey, now: Instant) -> bool {
         let slot = self.slots.lock().get(&key).map(Arc::clone);
         slot.and_then(|s| {
@@ -146,16 +237,19 @@ impl Pool {
         .unwrap_or(false)
     }
 
-    /// Any live connection that never carries a Fetch or a JoinGroup, else the first node (control
-    /// connection) or bootstrap address that accepts one. For requests any broker answers:
-    /// Metadata and FindCoordinator.
+    /// Any live control or bootstrap connection (never a data, group or spare one, which are
+    /// kept for Fetch and group membership), else the first node (control connection) or
+    /// bootstrap address that accepts one. For requests any broker answers: Metadata and
+    /// FindCoordinator.
     pub(crate) async fn any(&self) -> Result<Arc<Connection>> {
         let live: Option<Arc<Connection>> = {
             let slots: Vec<_> = self
                 .slots
                 .lock()
                 .iter()
-                .filter(|(k, _)| !matches!(k, ConnKey::Data(_) | ConnKey::Group(_)))
+                .filter(|(k, _)| {
+                    !matches!(k, ConnKey::Data(_) | ConnKey::Group(_) | ConnKey::Spare)
+                })
                 .map(|(_, s)| Arc::clone(s))
                 .collect();
             slots.into_iter().find_map(|s| {
