@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use tokio::task::AbortHandle;
@@ -57,8 +56,6 @@ pub(crate) struct Pool {
     bootstrap: Vec<String>,
     nodes: Mutex<HashMap<i32, String>>,
     slots: Mutex<HashMap<ConnKey, Arc<tokio::sync::Mutex<Slot>>>>,
-    /// Whether a spare was tried (once per pool).
-    spare_tried: AtomicBool,
     /// The task opening the spare, stopped with the pool.
     spare_task: Mutex<Option<AbortHandle>>,
 }
@@ -87,7 +84,6 @@ impl Pool {
             bootstrap,
             nodes: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
-            spare_tried: AtomicBool::new(false),
             spare_task: Mutex::new(None),
         }
     }
@@ -208,10 +204,17 @@ impl Pool {
         let BrokerRef::Address(addr) = conn.broker() else {
             return;
         };
-        if !self.nodes.lock().is_empty() || self.spare_tried.swap(true, Ordering::Relaxed) {
+        if !self.nodes.lock().is_empty() {
             return;
         }
-        let slot = Arc::clone(self.slots.lock().entry(ConnKey::Spare).or_default());
+        // The spare's slot exists from its first try on: there is one try per pool.
+        let slot = {
+            let mut slots = self.slots.lock();
+            if slots.contains_key(&ConnKey::Spare) {
+                return;
+            }
+            Arc::clone(slots.entry(ConnKey::Spare).or_default())
+        };
         let Ok(mut slot) = slot.try_lock_owned() else {
             return;
         };
