@@ -69,6 +69,7 @@
 //! | `restore.offset.out.of.range` | `none` | What to do when an offset restored from a checkpoint ([`SourceState`](crate::SourceState)) is out of range: `earliest`, `latest`, or `none` (alias `error`) to fail. | |
 //! | `auto.offset.reset` | `none` | What to do when an offset is out of range or missing: `earliest`, `latest`, or `none` (alias `error`) to fail. | |
 //! | `buffer.max.bytes` | `67108864` (64 MiB) | Memory budget for fetched records not yet handed to the application, decompressed bytes included. | ≥ `max.partition.fetch.bytes` |
+//! | `fetch.connections.per.broker` | `2` | Data connections per broker, each with one Fetch in flight; a broker's partitions are shared out over them. `1` fetches as the Java client does. | 1..=16 |
 //! | `check.crcs` | `true` | Check each record batch's CRC-32C before decoding it (as the Java client does; librdkafka does not by default). | |
 //!
 //! ## Offset commits
@@ -131,6 +132,7 @@ mod default {
     pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
     pub(super) const MAX_RESPONSE_SIZE: usize = 100 << 20;
     pub(super) const BUFFER_MAX_BYTES: usize = 64 << 20;
+    pub(super) const FETCH_CONNECTIONS_PER_BROKER: u8 = 2;
     pub(super) const METADATA_MAX_AGE: Duration = Duration::from_secs(5 * 60);
     pub(super) const RECONNECT_BACKOFF: Duration = Duration::from_millis(50);
     pub(super) const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -169,6 +171,7 @@ const PROPERTIES: &[&str] = &[
     "auto.offset.reset",
     "restore.offset.out.of.range",
     "buffer.max.bytes",
+    "fetch.connections.per.broker",
     "check.crcs",
     "group.id",
     "commit.mode",
@@ -204,6 +207,7 @@ pub struct ConsumerConfig {
     max_response_size: usize,
     buffer_max_bytes: usize,
     isolation_level: IsolationLevel,
+    fetch_connections_per_broker: u8,
     check_crcs: bool,
     metadata_max_age: Duration,
     reconnect_backoff: Duration,
@@ -316,6 +320,13 @@ impl ConsumerConfig {
     /// Property `isolation.level`; default [`IsolationLevel::ReadUncommitted`].
     pub fn isolation_level(&self) -> IsolationLevel {
         self.isolation_level
+    }
+
+    /// Data connections per broker, each with at most one Fetch in flight.
+    ///
+    /// Property `fetch.connections.per.broker`; default 2.
+    pub fn fetch_connections_per_broker(&self) -> u8 {
+        self.fetch_connections_per_broker
     }
 
     /// Whether each record batch's CRC-32C is checked before it is decoded.
@@ -465,6 +476,7 @@ pub struct ConsumerConfigBuilder {
     max_response_size: usize,
     buffer_max_bytes: usize,
     isolation_level: IsolationLevel,
+    fetch_connections_per_broker: u8,
     check_crcs: bool,
     metadata_max_age: Duration,
     reconnect_backoff: Duration,
@@ -588,6 +600,9 @@ impl ConsumerConfigBuilder {
                 )?;
             }
             "buffer.max.bytes" => self.buffer_max_bytes = parse_bytes(key, value)?,
+            "fetch.connections.per.broker" => {
+                self.fetch_connections_per_broker = parse_number(key, value, "a count, e.g. 2")?;
+            }
             "check.crcs" => {
                 self.check_crcs = parse_choice(key, value, &[("true", true), ("false", false)])?;
             }
@@ -785,6 +800,22 @@ impl ConsumerConfigBuilder {
     /// `read_uncommitted`.
     pub fn isolation_level(mut self, level: IsolationLevel) -> Self {
         self.isolation_level = level;
+        self
+    }
+
+    /// How many data connections to open to each broker, each with at most one Fetch in
+    /// flight; the partitions a broker leads are shared out over them.
+    ///
+    /// A broker answers one connection's requests in order, so with one connection (as the
+    /// Java client and librdkafka fetch) nothing is on its way while the consumer receives and
+    /// decodes a response. With two, the broker reads its log and sends one response while the
+    /// consumer works through the other. Partitions are never in two requests at once, and
+    /// every request counts against `buffer.max.bytes` as before. A broker that leads a single
+    /// assigned partition gets one data connection whatever this says.
+    ///
+    /// Property `fetch.connections.per.broker` (1 to 16); default 2.
+    pub fn fetch_connections_per_broker(mut self, connections: u8) -> Self {
+        self.fetch_connections_per_broker = connections;
         self
     }
 
@@ -1059,6 +1090,13 @@ impl ConsumerConfigBuilder {
             ));
         }
 
+        if !(1..=16).contains(&self.fetch_connections_per_broker) {
+            return Err(Error::config(
+                "fetch.connections.per.broker",
+                format!("{} is outside 1..=16", self.fetch_connections_per_broker),
+            ));
+        }
+
         let positive = Duration::from_millis(1);
         check_time("metadata.max.age.ms", self.metadata_max_age, positive)?;
         check_time("reconnect.backoff.ms", self.reconnect_backoff, positive)?;
@@ -1174,6 +1212,7 @@ impl ConsumerConfigBuilder {
             max_response_size: self.max_response_size,
             buffer_max_bytes: self.buffer_max_bytes,
             isolation_level: self.isolation_level,
+            fetch_connections_per_broker: self.fetch_connections_per_broker,
             check_crcs: self.check_crcs,
             metadata_max_age: self.metadata_max_age,
             reconnect_backoff: self.reconnect_backoff,
@@ -1244,6 +1283,7 @@ impl Default for ConsumerConfigBuilder {
             max_response_size: default::MAX_RESPONSE_SIZE,
             buffer_max_bytes: default::BUFFER_MAX_BYTES,
             isolation_level: IsolationLevel::default(),
+            fetch_connections_per_broker: default::FETCH_CONNECTIONS_PER_BROKER,
             check_crcs: true,
             metadata_max_age: default::METADATA_MAX_AGE,
             reconnect_backoff: default::RECONNECT_BACKOFF,
@@ -1724,6 +1764,7 @@ mod tests {
         assert_eq!(config.buffer_max_bytes(), 64 * 1024 * 1024);
         assert_eq!(config.isolation_level(), IsolationLevel::ReadUncommitted);
         assert!(config.check_crcs());
+        assert_eq!(config.fetch_connections_per_broker(), 2);
         assert_eq!(config.metadata_max_age(), Duration::from_secs(300));
         assert_eq!(config.reconnect_backoff(), Duration::from_millis(50));
         assert_eq!(config.reconnect_backoff_max(), Duration::from_secs(1));
@@ -1783,6 +1824,7 @@ mod tests {
             ("auto.offset.reset", "earliest"),
             ("restore.offset.out.of.range", "latest"),
             ("buffer.max.bytes", "33554432"),
+            ("fetch.connections.per.broker", "3"),
             ("check.crcs", "false"),
             ("group.id", "billing"),
             ("commit.mode", "periodic"),
@@ -1819,6 +1861,7 @@ mod tests {
             .auto_offset_reset(OffsetReset::Earliest)
             .restore_out_of_range(OffsetReset::Latest)
             .buffer_max_bytes(32 << 20)
+            .fetch_connections_per_broker(3)
             .check_crcs(false)
             .group_id("billing")
             .commit_mode(CommitMode::Periodic(Duration::from_millis(1500)))
@@ -1875,6 +1918,7 @@ mod tests {
         assert_eq!(config.isolation_level(), IsolationLevel::ReadCommitted);
         assert_eq!(config.auto_offset_reset(), OffsetReset::Earliest);
         assert_eq!(config.buffer_max_bytes(), 32 << 20);
+        assert_eq!(config.fetch_connections_per_broker(), 3);
         assert_eq!(config.group_id(), Some("billing"));
         assert_eq!(
             config.commit_mode(),
@@ -2289,6 +2333,28 @@ mod tests {
         // A budget below fetch.max.bytes is allowed.
         let config = minimal().buffer_max_bytes(1 << 20).build().unwrap();
         assert!(config.buffer_max_bytes() < config.fetch_max_bytes() as usize);
+    }
+
+    #[test]
+    fn fetch_connection_limits() {
+        for bad in [0, 17] {
+            assert_rejects(
+                minimal().fetch_connections_per_broker(bad).build(),
+                "fetch.connections.per.broker",
+                &[&bad.to_string(), "1..=16"],
+            );
+        }
+        for good in [1, 16] {
+            let config = minimal()
+                .fetch_connections_per_broker(good)
+                .build()
+                .unwrap();
+            assert_eq!(config.fetch_connections_per_broker(), good);
+        }
+        let err = ConsumerConfigBuilder::default()
+            .set("fetch.connections.per.broker", "256")
+            .unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Consumer {
             reset: config.auto_offset_reset(),
             restore_reset: config.restore_out_of_range(),
             retry_backoff: config.retry_backoff(),
+            connections_per_broker: config.fetch_connections_per_broker(),
         });
         let commits = config.commit_mode() != CommitMode::Disabled;
         let group = config.group_id().map(str::to_owned);

@@ -33,7 +33,7 @@ use crate::error::Error;
 use crate::handover::Mailbox;
 use crate::proto::chunk::ChunkCursor;
 use crate::proto::commit::{Action, Committer};
-use crate::proto::fetch::{FetchConfig, FetchEvent, FetchState};
+use crate::proto::fetch::{FetchConfig, FetchEvent, FetchState, Lane};
 use crate::proto::frame;
 use crate::proto::group::consumer_protocol;
 use crate::proto::metadata::Metadata;
@@ -597,6 +597,7 @@ fn fetch_state(isolation: IsolationLevel) -> FetchState {
         reset: OffsetReset::Earliest,
         restore_reset: OffsetReset::Error,
         retry_backoff: Duration::from_millis(100),
+        connections_per_broker: 1,
     })
 }
 
@@ -1654,7 +1655,8 @@ fn check_planned<'a>(
 /// cut short or corrupted, garbage, transport errors), the consumer failing a partition, and
 /// the consumer decoding the chunks handed out.
 ///
-/// Checks against a model of every partition: at most one Fetch per leader and a partition in
+/// Checks against a model of every partition: at most one Fetch per data connection (of
+/// `fetch.connections.per.broker`, 1 to 3 here) and a partition in
 /// at most one request; requests only for assigned, unpaused, resolved partitions, at the
 /// model's position, to the leader and topic id the metadata names, within the memory budget;
 /// a chunk only for an assigned partition of its current generation that has not failed,
@@ -1696,6 +1698,7 @@ pub fn fetch_session(data: &[u8]) {
         reset: policies[usize::from(setup % 3)],
         restore_reset: policies[usize::from(setup / 3 % 3)],
         retry_backoff: Duration::from_millis(100),
+        connections_per_broker: 1 + setup / 9 % 3,
     };
     let mut f = FetchState::new(cfg.clone());
     let mut cluster = Cluster::new();
@@ -1705,7 +1708,7 @@ pub fn fetch_session(data: &[u8]) {
     let mut model: BTreeMap<TopicPartition, ModelPart> = BTreeMap::new();
     let mut next_generation = 0u64;
     // The loop's bookkeeping.
-    let mut busy: HashSet<i32> = HashSet::new();
+    let mut busy: HashSet<Lane> = HashSet::new();
     let mut reserved = 0usize;
     let mut buffered = 0usize;
     let mut fetches: Vec<FetchOut> = Vec::new();
@@ -1721,8 +1724,8 @@ pub fn fetch_session(data: &[u8]) {
         steps += 1;
         match r.u8() % 16 {
             0..=2 => {
-                // The loop's turn: ListOffsets first, then one Fetch per idle leader within the
-                // budget.
+                // The loop's turn: ListOffsets first, then one Fetch per idle data connection
+                // within the budget.
                 // In node order, entries in partition order: the machine's come from hash maps,
                 // and an input must replay the same way.
                 let mut planned = f.plan_list_offsets(now, &meta);
@@ -1756,8 +1759,15 @@ pub fn fetch_session(data: &[u8]) {
                 let mut planned = 0usize;
                 for plan in f.plan_fetches(now, &meta, &busy, budget) {
                     assert!(
-                        busy.insert(plan.node),
-                        "a second fetch to node {}",
+                        plan.lane < cfg.connections_per_broker,
+                        "data connection {} of {}",
+                        plan.lane,
+                        cfg.connections_per_broker
+                    );
+                    assert!(
+                        busy.insert((plan.node, plan.lane)),
+                        "a second fetch on data connection {} of node {}",
+                        plan.lane,
                         plan.node
                     );
                     let max_bytes = usize::try_from(plan.max_bytes).expect("max_bytes >= 0");
@@ -1896,7 +1906,7 @@ pub fn fetch_session(data: &[u8]) {
                 }
                 let FetchOut { plan, entries } =
                     fetches.swap_remove(usize::from(r.u8()) % fetches.len());
-                busy.remove(&plan.node);
+                busy.remove(&(plan.node, plan.lane));
                 reserved -= plan.max_bytes as usize;
                 for e in &entries {
                     out.remove(&e.0);

@@ -269,3 +269,107 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
         "APIs per connection, in the order the proxy accepted them"
     );
 }
+
+/// A broker's partitions are fetched over `fetch.connections.per.broker` data connections, each
+/// Fetch carrying at most its share of them, and every record still arrives once and in order.
+/// With one connection per broker, every Fetch carries every partition, as the Java client's
+/// do. A recording proxy in front of the broker counts the connections and decodes each Fetch
+/// response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
+    use kafka_protocol::messages::{ApiKey, FetchResponse};
+    use kafka_protocol::protocol::Decodable as _;
+    use protocol_tests::proxy::RecordingProxy;
+
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    if cluster.node_ids().len() != 1 {
+        println!(
+            "skipping a_brokers_partitions_are_shared_out_over_its_data_connections: the recording proxy fronts a single broker, and this cluster has {}",
+            cluster.node_ids().len()
+        );
+        return;
+    }
+    let topic = unique("lanes");
+    cluster.create_topic(&topic, 8, 1, &[]);
+    let spec = ProduceSpec {
+        topic: &topic,
+        partitions: 8,
+        count: 80_000,
+        value_size: 100,
+        ..ProduceSpec::default()
+    };
+    let produced = cluster.produce(&spec);
+    assert_eq!(produced.produced, 80_000);
+
+    for (connections, opened, most) in [(2u8, 3, 4), (1, 2, 8)] {
+        let proxy = RecordingProxy::start(&cluster.bootstrap()).await;
+        let cfg = config(&proxy.addr())
+            .fetch_connections_per_broker(connections)
+            // Small responses, so that each data connection carries many.
+            .max_partition_fetch_bytes(64 << 10)
+            .build()
+            .unwrap();
+        let mut consumer = Consumer::new(cfg).unwrap();
+        consumer.assign(
+            partitions(&topic, 8)
+                .into_iter()
+                .map(|tp| (tp, StartPosition::Earliest)),
+        );
+        let got = drain(&mut consumer, 80_000, Duration::from_secs(120)).await;
+        assert_eq!(got.checksum, produced.checksum, "content differs");
+        got.assert_contiguous_from(&BTreeMap::new());
+        assert_eq!(got.offsets.len(), 8);
+        consumer.close().await;
+
+        assert_eq!(
+            proxy.connections(),
+            opened,
+            "connections opened with {connections} per broker"
+        );
+        // Per connection: the APIs answered, and the partitions each Fetch response names.
+        let mut apis: BTreeMap<usize, Vec<ApiKey>> = BTreeMap::new();
+        let mut fetched: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for r in proxy.recorded() {
+            let on = apis.entry(r.connection).or_default();
+            if !on.contains(&r.api) {
+                on.push(r.api);
+            }
+            if r.api == ApiKey::Fetch {
+                let mut body = r.frame.slice(4..);
+                kafka_protocol::messages::ResponseHeader::decode(
+                    &mut body,
+                    r.api.response_header_version(r.version),
+                )
+                .unwrap();
+                let resp = FetchResponse::decode(&mut body, r.version).unwrap();
+                let named = resp.responses.iter().map(|t| t.partitions.len()).sum();
+                fetched.entry(r.connection).or_default().push(named);
+            }
+        }
+        let control = vec![ApiKey::ApiVersions, ApiKey::Metadata, ApiKey::ListOffsets];
+        let data = vec![ApiKey::ApiVersions, ApiKey::Fetch];
+        let mut expected = vec![control];
+        expected.resize(opened, data);
+        assert_eq!(
+            apis.into_values().collect::<Vec<_>>(),
+            expected,
+            "APIs per connection, in the order the proxy accepted them"
+        );
+        assert_eq!(fetched.len(), opened - 1, "data connections: {fetched:?}");
+        for (conn, named) in &fetched {
+            assert!(
+                named.len() >= 5,
+                "connection {conn} carried only {} fetches",
+                named.len()
+            );
+            assert!(
+                named.iter().all(|&n| (1..=most).contains(&n)),
+                "connection {conn}: partitions per Fetch {named:?}, at most {most} expected"
+            );
+        }
+        if connections == 1 {
+            assert!(fetched.values().flatten().all(|&n| n == 8), "{fetched:?}");
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! The network loop: one task per consumer that owns the fetch state machine, the metadata,
 //! and every request in flight.
 //!
-//! Each turn it plans (metadata refresh, ListOffsets, one Fetch per idle leader within the
+//! Each turn it plans (metadata refresh, ListOffsets, one Fetch per idle data connection within the
 //! memory budget), then waits for whichever comes first: a command from the consumer, a
 //! response, freed budget, or a timer. Requests run as futures the loop polls; none of them
 //! blocks the loop, and a request's response is never dropped half-read (the connection's
@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::net::inflight::InFlight;
 use crate::net::pool::{ConnKey, Pool};
 use crate::proto::commit::{self, Action, Committer, Finished};
-use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, ListPlan, Outcome};
+use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, Lane, ListPlan, Outcome};
 use crate::proto::group::Membership;
 use crate::proto::metadata::{Metadata, TopicProblem};
 use crate::proto::versions;
@@ -222,8 +222,8 @@ pub(crate) struct Driver {
     commands: mpsc::UnboundedReceiver<Command>,
     out: mpsc::UnboundedSender<Delivery>,
     inflight: InFlight<Completion>,
-    /// Leaders with a fetch in flight.
-    busy: HashSet<i32>,
+    /// Data connections with a fetch in flight.
+    busy: HashSet<Lane>,
     /// Bytes reserved by fetches in flight.
     reserved: usize,
     metadata_in_flight: bool,
@@ -573,7 +573,7 @@ impl Driver {
             let warm = Arc::clone(&pool);
             let node = plan.node;
             self.inflight.push(Box::pin(async move {
-                let _ = warm.get(ConnKey::Data(node)).await;
+                let _ = warm.get(ConnKey::Data(node, 0)).await;
                 Completion::Answered
             }));
             self.inflight.push(Box::pin(async move {
@@ -614,7 +614,7 @@ impl Driver {
             self.shared.wants_budget.store(false, Ordering::SeqCst);
         }
         for plan in plans {
-            self.busy.insert(plan.node);
+            self.busy.insert((plan.node, plan.lane));
             self.reserved += plan.max_bytes as usize;
             self.shared.fetches_sent.fetch_add(1, Ordering::Relaxed);
             let pool = Arc::clone(&self.pool);
@@ -622,7 +622,7 @@ impl Driver {
             let max_wait = self.cfg.max_wait;
             self.inflight.push(Box::pin(async move {
                 let res = async {
-                    let conn = pool.get(ConnKey::Data(plan.node)).await?;
+                    let conn = pool.get(ConnKey::Data(plan.node, plan.lane)).await?;
                     // Built once the broker's version is known: v12 names topics, v13+ ids.
                     let v = conn.version(versions::FETCH)?;
                     let req = FetchState::fetch_request(&fetch_cfg, &plan, v);
@@ -758,7 +758,7 @@ impl Driver {
             }
             Completion::Fetch(plan, res) => {
                 self.shared.fetches_done.fetch_add(1, Ordering::Relaxed);
-                self.busy.remove(&plan.node);
+                self.busy.remove(&(plan.node, plan.lane));
                 self.reserved = self.reserved.saturating_sub(plan.max_bytes as usize);
                 if res.is_err() {
                     for tp in FetchState::leaders_of(&plan) {

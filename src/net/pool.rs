@@ -1,6 +1,7 @@
 //! Connections by purpose. A broker answers the requests of one connection in order, so a
 //! Fetch parked for `fetch.max.wait.ms` holds up everything queued behind it on its connection.
-//! Fetches therefore get a data connection per broker to themselves, and everything else
+//! Fetches therefore get data connections to themselves (`fetch.connections.per.broker` per
+//! broker, one Fetch in flight on each), and everything else
 //! (Metadata, ListOffsets, FindCoordinator, OffsetCommit, OffsetFetch) goes on a control
 //! connection per broker, or a bootstrap connection, which never carries a Fetch. Failed
 //! connections are replaced after an exponential backoff.
@@ -26,8 +27,9 @@ use crate::net::connection::{ConnOptions, Connection};
 /// What a connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ConnKey {
-    /// Fetch requests to a node, and nothing else.
-    Data(i32),
+    /// Fetch requests to a node, and nothing else: the node's id and which of its data
+    /// connections.
+    Data(i32, u8),
     /// Everything but Fetch to a node: metadata, offsets, coordinator traffic.
     Control(i32),
     /// Group membership requests to the coordinator (JoinGroup, SyncGroup, Heartbeat,
@@ -105,7 +107,7 @@ impl Pool {
 
     fn target(&self, key: ConnKey) -> Result<(String, BrokerRef)> {
         match key {
-            ConnKey::Data(id) | ConnKey::Control(id) | ConnKey::Group(id) => {
+            ConnKey::Data(id, _) | ConnKey::Control(id) | ConnKey::Group(id) => {
                 let addr = self
                     .node_addr(id)
                     .ok_or_else(|| Error::NoBroker(format!("node {id} is not in metadata")))?;
@@ -168,8 +170,8 @@ impl Pool {
     }
 
     /// A live connection already open to the address of `key`'s node, taken over for `key`: for
-    /// a control connection the bootstrap connection to that address, for a data connection the
-    /// spare (waiting for it if it is still connecting). `None` for any other key, or if there
+    /// a control connection the bootstrap connection to that address, for its first data
+    /// connection the spare (waiting for it if it is still connecting). `None` for any other key, or if there
     /// is none.
     async fn adopt(&self, key: ConnKey) -> Option<Arc<Connection>> {
         let (from, addr) = match key {
@@ -178,8 +180,10 @@ impl Pool {
                 let i = self.bootstrap.iter().position(|b| *b == addr)?;
                 (ConnKey::Bootstrap(i), addr)
             }
-            ConnKey::Data(id) => (ConnKey::Spare, self.node_addr(id)?),
-            ConnKey::Group(_) | ConnKey::Bootstrap(_) | ConnKey::Spare => return None,
+            ConnKey::Data(id, 0) => (ConnKey::Spare, self.node_addr(id)?),
+            ConnKey::Data(..) | ConnKey::Group(_) | ConnKey::Bootstrap(_) | ConnKey::Spare => {
+                return None;
+            }
         };
         let slot = self.slots.lock().get(&from).map(Arc::clone)?;
         let mut slot = slot.lock().await;
@@ -251,7 +255,7 @@ impl Pool {
                 .lock()
                 .iter()
                 .filter(|(k, _)| {
-                    !matches!(k, ConnKey::Data(_) | ConnKey::Group(_) | ConnKey::Spare)
+                    !matches!(k, ConnKey::Data(..) | ConnKey::Group(_) | ConnKey::Spare)
                 })
                 .map(|(_, s)| Arc::clone(s))
                 .collect();

@@ -5,7 +5,8 @@
 //! (`handle_*`) together with `now`. Nothing here reads a clock or touches a socket.
 //!
 //! Rules this module keeps:
-//! - at most one fetch in flight per leader, and a partition in at most one request at a time;
+//! - at most one fetch in flight per data connection (`fetch.connections.per.broker` of them
+//!   per leader), and a partition in at most one request at a time;
 //! - the next position after a batch is `baseOffset + lastOffsetDelta + 1`, so empty
 //!   (compacted) batches and control batches still move the position;
 //! - a response ending in a partial batch hands out only the complete batches before it;
@@ -43,7 +44,14 @@ pub(crate) struct FetchConfig {
     pub(crate) reset: OffsetReset,
     pub(crate) restore_reset: OffsetReset,
     pub(crate) retry_backoff: Duration,
+    /// Data connections per leader, each with at most one Fetch in flight
+    /// (`fetch.connections.per.broker`, at least 1).
+    pub(crate) connections_per_broker: u8,
 }
+
+/// One data connection: a leader's node id and the connection's index among that leader's
+/// `fetch.connections.per.broker`.
+pub(crate) type Lane = (i32, u8);
 
 /// A partition's read position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,10 +159,12 @@ struct ListEntry {
     timestamp: i64,
 }
 
-/// A Fetch request to one leader.
+/// A Fetch request to one leader, on one of its data connections.
 #[derive(Clone, Debug)]
 pub(crate) struct FetchPlan {
     pub(crate) node: i32,
+    /// Which of the leader's data connections carries it.
+    pub(crate) lane: u8,
     entries: Vec<FetchEntry>,
     pub(crate) max_bytes: i32,
 }
@@ -166,6 +176,15 @@ struct FetchEntry {
     generation: u64,
     offset: i64,
     leader_epoch: i32,
+}
+
+/// One leader's partitions while fetches are planned.
+#[derive(Debug, Default)]
+struct NodeFetches {
+    /// Ready to fetch, each with whether its next batch did not fit last time.
+    ready: Vec<(bool, FetchEntry)>,
+    /// In a request not answered yet.
+    in_flight: usize,
 }
 
 /// Outcome of handling a response.
@@ -444,14 +463,24 @@ impl FetchState {
         out
     }
 
-    /// Fetch requests, one per leader not in `busy`, within `budget` bytes in total.
+    /// Fetch requests, at most one per data connection not in `busy`, within `budget` bytes in
+    /// total.
+    ///
+    /// A leader's partitions are shared out over its idle data connections, round robin in the
+    /// order they go into requests. No request takes more than its share of the partitions the
+    /// leader serves (ready or in flight) over all its connections: a connection that comes free
+    /// while the others are out takes its share and leaves the rest waiting for the next free
+    /// one, so the partitions spread evenly again within one response. When the budget allows
+    /// fewer requests than there are idle connections, those requests carry every ready
+    /// partition.
     pub(crate) fn plan_fetches(
         &mut self,
         now: Instant,
         meta: &Metadata,
-        busy: &HashSet<i32>,
+        busy: &HashSet<Lane>,
         mut budget: usize,
     ) -> Vec<FetchPlan> {
+        let connections = self.cfg.connections_per_broker.max(1);
         let mut keys: Vec<&TopicPartition> = self.parts.keys().collect();
         keys.sort();
         if !keys.is_empty() {
@@ -459,7 +488,7 @@ impl FetchState {
             keys.rotate_left(r);
         }
         self.rotation = self.rotation.wrapping_add(1);
-        let mut by_node: HashMap<i32, Vec<(bool, FetchEntry)>> = HashMap::new();
+        let mut by_node: HashMap<i32, NodeFetches> = HashMap::new();
         for tp in keys {
             let Some(s) = self.parts.get(tp) else {
                 continue;
@@ -467,19 +496,20 @@ impl FetchState {
             let Position::Fetching(offset) = s.position else {
                 continue;
             };
-            if !s.ready(now) || self.in_flight.contains(tp) {
-                continue;
-            }
             let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
                 continue;
             };
-            if busy.contains(&leader.node) {
+            if self.in_flight.contains(tp) {
+                by_node.entry(leader.node).or_default().in_flight += 1;
+                continue;
+            }
+            if !s.ready(now) {
                 continue;
             }
             let Some(topic_id) = meta.topic(&tp.topic).map(|t| t.id) else {
                 continue;
             };
-            by_node.entry(leader.node).or_default().push((
+            by_node.entry(leader.node).or_default().ready.push((
                 s.first,
                 FetchEntry {
                     tp: tp.clone(),
@@ -497,23 +527,53 @@ impl FetchState {
             if budget == 0 {
                 break;
             }
-            let Some(mut entries) = by_node.remove(&node) else {
+            let Some(NodeFetches {
+                ready: mut entries,
+                in_flight,
+            }) = by_node.remove(&node)
+            else {
                 continue;
             };
+            let free: Vec<u8> = (0..connections)
+                .filter(|&lane| !busy.contains(&(node, lane)))
+                .collect();
+            if entries.is_empty() || free.is_empty() {
+                continue;
+            }
             // Partitions whose next batch did not fit go first: the broker always returns
             // the first partition's first batch whole (KIP-74).
             entries.sort_by_key(|(first, _)| !*first);
-            let max_bytes = budget.min(self.cfg.max_bytes as usize);
-            budget -= max_bytes;
-            let entries: Vec<FetchEntry> = entries.into_iter().map(|(_, e)| e).collect();
-            for e in &entries {
-                self.in_flight.insert(e.tp.clone());
+            let share = (entries.len() + in_flight).div_ceil(usize::from(connections));
+            let by_share = free.len().min(entries.len().div_ceil(share));
+            let affordable = budget.div_ceil(self.cfg.max_bytes.max(1) as usize);
+            let requests = by_share.min(affordable);
+            if requests == by_share {
+                // The rest waits for the next connection to come free.
+                entries.truncate(requests * share);
             }
-            plans.push(FetchPlan {
-                node,
-                entries,
-                max_bytes: i32::try_from(max_bytes).unwrap_or(i32::MAX),
-            });
+            // Else the budget allows fewer requests than there are free connections, and those
+            // carry every ready partition.
+            let mut groups: Vec<Vec<FetchEntry>> =
+                (0..requests).map(|_| Vec::with_capacity(share)).collect();
+            for (i, (_, e)) in entries.into_iter().enumerate() {
+                groups[i % requests].push(e);
+            }
+            for (lane, entries) in free.into_iter().zip(groups) {
+                if budget == 0 {
+                    break;
+                }
+                let max_bytes = budget.min(self.cfg.max_bytes as usize);
+                budget -= max_bytes;
+                for e in &entries {
+                    self.in_flight.insert(e.tp.clone());
+                }
+                plans.push(FetchPlan {
+                    node,
+                    lane,
+                    entries,
+                    max_bytes: i32::try_from(max_bytes).unwrap_or(i32::MAX),
+                });
+            }
         }
         plans
     }
@@ -863,11 +923,17 @@ mod tests {
             reset,
             restore_reset: OffsetReset::Error,
             retry_backoff: Duration::from_millis(100),
+            connections_per_broker: 1,
         }
     }
 
     /// Two partitions of "t", led by nodes 1 and 2.
     fn meta() -> Metadata {
+        meta_with(&[1, 2])
+    }
+
+    /// Partitions of "t", partition `i` led by node `leaders[i]`.
+    fn meta_with(leaders: &[i32]) -> Metadata {
         let mut m = Metadata::default();
         let broker = |id: i32| {
             MetadataResponseBroker::default()
@@ -888,7 +954,12 @@ mod tests {
                     MetadataResponseTopic::default()
                         .with_name(Some(topic_name("t")))
                         .with_topic_id(TOPIC_ID)
-                        .with_partitions(vec![part(0, 1), part(1, 2)]),
+                        .with_partitions(
+                            (0..)
+                                .zip(leaders)
+                                .map(|(p, &leader)| part(p, leader))
+                                .collect(),
+                        ),
                 ]),
         );
         m
@@ -1020,9 +1091,9 @@ mod tests {
             ],
             false,
         );
-        let busy: HashSet<i32> = [2].into_iter().collect();
+        let busy: HashSet<Lane> = [(2, 0)].into_iter().collect();
         let plan = single(f.plan_fetches(now, &m, &busy, 10 << 20));
-        assert_eq!(plan.node, 1);
+        assert_eq!((plan.node, plan.lane), (1, 0));
         // In flight: not planned again, even with the leader free.
         assert!(
             f.plan_fetches(now, &m, &HashSet::new(), 10 << 20)
@@ -1038,6 +1109,102 @@ mod tests {
             f.plan_fetches(now, &m, &HashSet::new(), 0).is_empty(),
             "no budget, no fetch"
         );
+    }
+
+    /// The partitions in each plan (sorted), by lane.
+    fn lanes(plans: &[FetchPlan]) -> Vec<(u8, Vec<i32>)> {
+        plans
+            .iter()
+            .map(|p| {
+                let mut parts: Vec<i32> = p.entries.iter().map(|e| e.tp.partition).collect();
+                parts.sort_unstable();
+                (p.lane, parts)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_leaders_partitions_are_shared_out_over_its_connections() {
+        let now = Instant::now();
+        let m = meta_with(&[1; 8]);
+        let all = || {
+            (0..8)
+                .map(|p| (tp(p), StartPosition::Offset(0), 1))
+                .collect()
+        };
+        let answered = |f: &mut FetchState, plan: FetchPlan| {
+            // No data: the partitions are free again at the same positions.
+            let out = f.handle_fetch(plan, response(vec![]), now);
+            assert!(out.events.is_empty(), "{out:?}");
+        };
+        let busy = |lanes: &[u8]| -> HashSet<Lane> { lanes.iter().map(|&l| (1, l)).collect() };
+
+        // One connection: every partition in one request, as the Java client does.
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(all(), false);
+        let plan = single(f.plan_fetches(now, &m, &busy(&[]), 10 << 20));
+        assert_eq!(lanes(&[plan]), [(0, (0..8).collect())]);
+
+        // Two: half each, round robin in request order.
+        let mut f = FetchState::new(FetchConfig {
+            connections_per_broker: 2,
+            ..cfg(OffsetReset::Error)
+        });
+        f.assign(all(), false);
+        let plans = f.plan_fetches(now, &m, &busy(&[]), 10 << 20);
+        let got = lanes(&plans);
+        let (a, b) = (vec![0, 2, 4, 6], vec![1, 3, 5, 7]);
+        assert!(
+            got == [(0, a.clone()), (1, b.clone())] || got == [(0, b), (1, a)],
+            "{got:?}"
+        );
+        assert_eq!(plans.iter().map(|p| p.max_bytes).sum::<i32>(), 2 << 20);
+        // Every partition in flight: nothing more.
+        assert!(f.plan_fetches(now, &m, &busy(&[]), 10 << 20).is_empty());
+        // The first answered: its connection takes its partitions again, and only those.
+        let mut plans = plans.into_iter();
+        let first = plans.next().unwrap();
+        let kept = lanes(std::slice::from_ref(&first));
+        answered(&mut f, first);
+        let again = f.plan_fetches(now, &m, &busy(&[1]), 10 << 20);
+        assert_eq!(lanes(&again), kept);
+        answered(&mut f, plans.next().unwrap());
+        answered(&mut f, single(again));
+
+        // A connection that comes free while the other is out takes no more than its share.
+        // Lane 1 busy (by a request not of this state): lane 0 takes half, half waits.
+        let plan = single(f.plan_fetches(now, &m, &busy(&[1]), 10 << 20));
+        assert_eq!((plan.lane, plan.entries.len()), (0, 4));
+        // Lane 1 free, lane 0 out: lane 1 takes the other half.
+        let other = single(f.plan_fetches(now, &m, &busy(&[0]), 10 << 20));
+        assert_eq!((other.lane, other.entries.len()), (1, 4));
+        answered(&mut f, plan);
+        answered(&mut f, other);
+
+        // 7 out on lane 0 and 1 on lane 1 (three moved between two requests of 4 by hand):
+        // once lane 0 is answered it takes 4 and leaves 3 for lane 1, which takes them (and its
+        // own 1) once it is answered.
+        let mut on_lane0 = single(f.plan_fetches(now, &m, &busy(&[1]), 10 << 20));
+        let mut on_lane1 = single(f.plan_fetches(now, &m, &busy(&[0]), 10 << 20));
+        on_lane0.entries.extend(on_lane1.entries.drain(..3));
+        assert_eq!((on_lane0.entries.len(), on_lane1.entries.len()), (7, 1));
+        answered(&mut f, on_lane0);
+        let plan = single(f.plan_fetches(now, &m, &busy(&[1]), 10 << 20));
+        assert_eq!((plan.lane, plan.entries.len()), (0, 4));
+        answered(&mut f, on_lane1);
+        let plan = single(f.plan_fetches(now, &m, &busy(&[0]), 10 << 20));
+        assert_eq!((plan.lane, plan.entries.len()), (1, 4));
+
+        // A budget for one request only: it carries every ready partition, none waits for a
+        // connection the budget would not let fetch anyway.
+        let mut f = FetchState::new(FetchConfig {
+            connections_per_broker: 2,
+            ..cfg(OffsetReset::Error)
+        });
+        f.assign(all(), false);
+        let plan = single(f.plan_fetches(now, &m, &busy(&[]), 1 << 20));
+        assert_eq!((plan.lane, plan.max_bytes), (0, 1 << 20));
+        assert_eq!(plan.entries.len(), 8);
     }
 
     #[test]
