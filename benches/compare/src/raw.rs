@@ -264,10 +264,20 @@ fn round_trip<Req: Request>(
     if !(0..=(200 << 20)).contains(&size) {
         return Err(format!("response size {size}"));
     }
-    let mut body = vec![0u8; size as usize];
-    stream
-        .read_exact(&mut body)
+    // Read into spare capacity: a zeroed buffer (`vec![0; size]`) costs a pass over every
+    // response byte before the kernel writes them, which no client needs to pay.
+    let size = size as usize;
+    let mut body = Vec::with_capacity(size);
+    (&mut *stream)
+        .take(size as u64)
+        .read_to_end(&mut body)
         .map_err(|e| format!("receive: {e}"))?;
+    if body.len() != size {
+        return Err(format!(
+            "receive: the connection closed {} bytes into a {size}-byte response",
+            body.len()
+        ));
+    }
     let mut body = Bytes::from(body);
     let header = ResponseHeader::decode(&mut body, Req::Response::header_version(version))
         .map_err(|e| format!("decode header: {e}"))?;
