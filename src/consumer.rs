@@ -102,7 +102,8 @@ struct Decoded {
 /// costs CPU on every fetch. On a multi-thread runtime the connections' readers, the network
 /// loop and the polling task usually run one after another on one worker (each wakes the next
 /// into the worker's LIFO slot, which Tokio's other workers do not steal from), so receiving
-/// and decoding share a core.
+/// and decoding share a core. A broker whose partitions are shared over two data connections
+/// (`fetch.connections.per.broker`) has a second Fetch to answer while a response is decoded.
 ///
 /// Records come out of [`poll`](Self::poll) (or the [`Stream`] implementation) one partition's
 /// batch at a time. Memory is bounded by `buffer.max.bytes`: the network loop stops fetching
