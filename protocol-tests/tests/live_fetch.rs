@@ -253,18 +253,10 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     consumer.close().await;
 
     assert_eq!(proxy.connections(), 2, "connections opened");
-    // The APIs answered on each connection, in the order first seen.
-    let mut apis: BTreeMap<usize, Vec<ApiKey>> = BTreeMap::new();
-    for r in proxy.recorded() {
-        let on = apis.entry(r.connection).or_default();
-        if !on.contains(&r.api) {
-            on.push(r.api);
-        }
-    }
     let control = vec![ApiKey::ApiVersions, ApiKey::Metadata, ApiKey::ListOffsets];
     let data = vec![ApiKey::ApiVersions, ApiKey::Fetch];
     assert_eq!(
-        apis.into_values().collect::<Vec<_>>(),
+        apis_per_connection(&proxy.recorded()),
         [control, data],
         "APIs per connection, in the order the proxy accepted them"
     );
@@ -327,14 +319,10 @@ async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
             opened,
             "connections opened with {connections} per broker"
         );
-        // Per connection: the APIs answered, and the partitions each Fetch response names.
-        let mut apis: BTreeMap<usize, Vec<ApiKey>> = BTreeMap::new();
+        // Per connection: the partitions each Fetch response names.
+        let recorded = proxy.recorded();
         let mut fetched: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for r in proxy.recorded() {
-            let on = apis.entry(r.connection).or_default();
-            if !on.contains(&r.api) {
-                on.push(r.api);
-            }
+        for r in &recorded {
             if r.api == ApiKey::Fetch {
                 let mut body = r.frame.slice(4..);
                 kafka_protocol::messages::ResponseHeader::decode(
@@ -352,7 +340,7 @@ async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
         let mut expected = vec![control];
         expected.resize(opened, data);
         assert_eq!(
-            apis.into_values().collect::<Vec<_>>(),
+            apis_per_connection(&recorded),
             expected,
             "APIs per connection, in the order the proxy accepted them"
         );
@@ -372,4 +360,19 @@ async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
             assert!(fetched.values().flatten().all(|&n| n == 8), "{fetched:?}");
         }
     }
+}
+
+/// The APIs answered on each of the proxy's connections, in the order first seen, by
+/// connection in the order the proxy accepted them.
+fn apis_per_connection(
+    recorded: &[protocol_tests::proxy::Recorded],
+) -> Vec<Vec<kafka_protocol::messages::ApiKey>> {
+    let mut apis: BTreeMap<usize, Vec<_>> = BTreeMap::new();
+    for r in recorded {
+        let on = apis.entry(r.connection).or_default();
+        if !on.contains(&r.api) {
+            on.push(r.api);
+        }
+    }
+    apis.into_values().collect()
 }
