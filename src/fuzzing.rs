@@ -1765,7 +1765,7 @@ pub fn fetch_session(data: &[u8]) {
                         cfg.connections_per_broker
                     );
                     assert!(
-                        busy.insert((plan.node, plan.lane)),
+                        busy.insert(plan.connection()),
                         "a second fetch on data connection {} of node {}",
                         plan.lane,
                         plan.node
@@ -1906,7 +1906,7 @@ pub fn fetch_session(data: &[u8]) {
                 }
                 let FetchOut { plan, entries } =
                     fetches.swap_remove(usize::from(r.u8()) % fetches.len());
-                busy.remove(&(plan.node, plan.lane));
+                busy.remove(&plan.connection());
                 reserved -= plan.max_bytes as usize;
                 for e in &entries {
                     out.remove(&e.0);

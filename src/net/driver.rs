@@ -1,8 +1,8 @@
 //! The network loop: one task per consumer that owns the fetch state machine, the metadata,
 //! and every request in flight.
 //!
-//! Each turn it plans (metadata refresh, ListOffsets, one Fetch per idle data connection within the
-//! memory budget), then waits for whichever comes first: a command from the consumer, a
+//! Each turn it plans (metadata refresh, ListOffsets, one Fetch per idle data connection within
+//! the memory budget), then waits for whichever comes first: a command from the consumer, a
 //! response, freed budget, or a timer. Requests run as futures the loop polls; none of them
 //! blocks the loop, and a request's response is never dropped half-read (the connection's
 //! reader owns the socket).
@@ -573,7 +573,7 @@ impl Driver {
             let warm = Arc::clone(&pool);
             let node = plan.node;
             self.inflight.push(Box::pin(async move {
-                let _ = warm.get(ConnKey::Data(node, 0)).await;
+                let _ = warm.get(ConnKey::Data((node, 0))).await;
                 Completion::Answered
             }));
             self.inflight.push(Box::pin(async move {
@@ -614,7 +614,7 @@ impl Driver {
             self.shared.wants_budget.store(false, Ordering::SeqCst);
         }
         for plan in plans {
-            self.busy.insert((plan.node, plan.lane));
+            self.busy.insert(plan.connection());
             self.reserved += plan.max_bytes as usize;
             self.shared.fetches_sent.fetch_add(1, Ordering::Relaxed);
             let pool = Arc::clone(&self.pool);
@@ -622,7 +622,7 @@ impl Driver {
             let max_wait = self.cfg.max_wait;
             self.inflight.push(Box::pin(async move {
                 let res = async {
-                    let conn = pool.get(ConnKey::Data(plan.node, plan.lane)).await?;
+                    let conn = pool.get(ConnKey::Data(plan.connection())).await?;
                     // Built once the broker's version is known: v12 names topics, v13+ ids.
                     let v = conn.version(versions::FETCH)?;
                     let req = FetchState::fetch_request(&fetch_cfg, &plan, v);
@@ -758,7 +758,7 @@ impl Driver {
             }
             Completion::Fetch(plan, res) => {
                 self.shared.fetches_done.fetch_add(1, Ordering::Relaxed);
-                self.busy.remove(&(plan.node, plan.lane));
+                self.busy.remove(&plan.connection());
                 self.reserved = self.reserved.saturating_sub(plan.max_bytes as usize);
                 if res.is_err() {
                     for tp in FetchState::leaders_of(&plan) {

@@ -23,13 +23,14 @@ use tokio::time::Instant;
 use crate::error::{BrokerRef, Error, Result};
 use crate::net::backoff::Backoff;
 use crate::net::connection::{ConnOptions, Connection};
+use crate::proto::fetch::Lane;
 
 /// What a connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ConnKey {
     /// Fetch requests to a node, and nothing else: the node's id and which of its data
     /// connections.
-    Data(i32, u8),
+    Data(Lane),
     /// Everything but Fetch to a node: metadata, offsets, coordinator traffic.
     Control(i32),
     /// Group membership requests to the coordinator (JoinGroup, SyncGroup, Heartbeat,
@@ -107,7 +108,7 @@ impl Pool {
 
     fn target(&self, key: ConnKey) -> Result<(String, BrokerRef)> {
         match key {
-            ConnKey::Data(id, _) | ConnKey::Control(id) | ConnKey::Group(id) => {
+            ConnKey::Data((id, _)) | ConnKey::Control(id) | ConnKey::Group(id) => {
                 let addr = self
                     .node_addr(id)
                     .ok_or_else(|| Error::NoBroker(format!("node {id} is not in metadata")))?;
@@ -180,7 +181,7 @@ impl Pool {
                 let i = self.bootstrap.iter().position(|b| *b == addr)?;
                 (ConnKey::Bootstrap(i), addr)
             }
-            ConnKey::Data(id, 0) => (ConnKey::Spare, self.node_addr(id)?),
+            ConnKey::Data((id, 0)) => (ConnKey::Spare, self.node_addr(id)?),
             ConnKey::Data(..) | ConnKey::Group(_) | ConnKey::Bootstrap(_) | ConnKey::Spare => {
                 return None;
             }

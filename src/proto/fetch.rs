@@ -169,6 +169,13 @@ pub(crate) struct FetchPlan {
     pub(crate) max_bytes: i32,
 }
 
+impl FetchPlan {
+    /// The data connection that carries it.
+    pub(crate) fn connection(&self) -> Lane {
+        (self.node, self.lane)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct FetchEntry {
     tp: TopicPartition,
