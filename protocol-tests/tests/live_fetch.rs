@@ -219,15 +219,11 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     use kafka_protocol::messages::ApiKey;
     use protocol_tests::proxy::RecordingProxy;
 
-    let cluster = Cluster::shared();
-    let _logs = cluster.dump_logs_on_panic();
-    if cluster.node_ids().len() != 1 {
-        println!(
-            "skipping start_up_takes_over_the_bootstrap_connection_and_a_spare: the recording proxy fronts a single broker, and this cluster has {}",
-            cluster.node_ids().len()
-        );
+    let Some(cluster) = single_broker("start_up_takes_over_the_bootstrap_connection_and_a_spare")
+    else {
         return;
-    }
+    };
+    let _logs = cluster.dump_logs_on_panic();
     let topic = unique("start-up");
     cluster.create_topic(&topic, 1, 1, &[]);
     let spec = ProduceSpec {
@@ -273,15 +269,12 @@ async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
     use kafka_protocol::protocol::Decodable as _;
     use protocol_tests::proxy::RecordingProxy;
 
-    let cluster = Cluster::shared();
-    let _logs = cluster.dump_logs_on_panic();
-    if cluster.node_ids().len() != 1 {
-        println!(
-            "skipping a_brokers_partitions_are_shared_out_over_its_data_connections: the recording proxy fronts a single broker, and this cluster has {}",
-            cluster.node_ids().len()
-        );
+    let Some(cluster) =
+        single_broker("a_brokers_partitions_are_shared_out_over_its_data_connections")
+    else {
         return;
-    }
+    };
+    let _logs = cluster.dump_logs_on_panic();
     let topic = unique("lanes");
     cluster.create_topic(&topic, 8, 1, &[]);
     let spec = ProduceSpec {
@@ -375,4 +368,18 @@ fn apis_per_connection(
         }
     }
     apis.into_values().collect()
+}
+
+/// The shared cluster if it has a single broker, which the recording proxy can front; `None`
+/// (with a line saying that `test` is skipped) otherwise.
+fn single_broker(test: &str) -> Option<&'static Cluster> {
+    let cluster = Cluster::shared();
+    let nodes = cluster.node_ids().len();
+    if nodes != 1 {
+        println!(
+            "skipping {test}: the recording proxy fronts a single broker, and this cluster has {nodes}"
+        );
+        return None;
+    }
+    Some(cluster)
 }
