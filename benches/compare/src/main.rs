@@ -291,6 +291,7 @@ fn main() {
                     throughput.push(ThroughputRun {
                         case: ci,
                         client,
+                        round: round - plan.warmups,
                         run,
                     });
                 }
