@@ -1,14 +1,19 @@
-//! The raw-fetch ceiling: one blocking connection that sends Fetch requests (v12, topic names,
-//! no session) one after the other and discards the records. Only the record batch headers are
-//! read, to count records and to move each partition's offset past the last whole batch; nothing
-//! is decompressed or parsed per record. No client that hands records to an application can
-//! do less work per byte over one connection, so its rate bounds what any of them can reach.
+//! The raw-fetch ceiling: blocking connections that send Fetch requests (v12, topic names, no
+//! session) one after the other and discard the records. Only the record batch headers are read,
+//! to count records and to move each partition's offset past the last whole batch; nothing is
+//! decompressed or parsed per record. It opens as many connections as kafka-source fetches over
+//! by default (`fetch.connections.per.broker` = 2, and no more than there are partitions), each
+//! on its own thread with its share of the partitions (round robin), so that a broker never
+//! waits on one connection's response while the other could be served. No client that hands
+//! records to an application can do less work per byte over as many connections, so its rate
+//! bounds what kafka-source can reach.
 //!
 //! Fetch settings are the Java client's defaults: `fetch.max.wait.ms` 500, `fetch.min.bytes` 1,
 //! `fetch.max.bytes` 50 MiB, `max.partition.fetch.bytes` 1 MiB.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf as _, Bytes, BytesMut};
@@ -39,8 +44,11 @@ pub(crate) struct Fetched {
     pub(crate) elapsed: Duration,
 }
 
+/// Data connections: kafka-source's default `fetch.connections.per.broker`.
+const CONNECTIONS: i32 = 2;
+
 /// Reads partitions `0..partitions` of `topic` from offset 0 until `want` records have been
-/// fetched.
+/// fetched, over up to [`CONNECTIONS`] connections.
 pub(crate) fn consume(
     bootstrap: &str,
     topic: &str,
@@ -49,14 +57,79 @@ pub(crate) fn consume(
 ) -> Result<Fetched, String> {
     let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
     let started = Instant::now();
+    let connections = CONNECTIONS.min(partitions).max(1);
+    let total = AtomicU64::new(0);
+    let lanes: Vec<Result<Lane, String>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..connections)
+            .map(|lane| {
+                let mine: Vec<i32> = (lane..partitions).step_by(connections as usize).collect();
+                let total = &total;
+                scope.spawn(move || consume_lane(addr, topic, &mine, want, total, started))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err("a fetch thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut fetched = Fetched {
+        records: 0,
+        bytes: 0,
+        first: None,
+        elapsed: Duration::ZERO,
+    };
+    for lane in lanes {
+        let lane = lane?;
+        fetched.records += lane.records;
+        fetched.bytes += lane.bytes;
+        fetched.first = match (fetched.first, lane.first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(done) = lane.done {
+            fetched.elapsed = done;
+        }
+    }
+    Ok(fetched)
+}
+
+/// What one connection fetched.
+struct Lane {
+    records: u64,
+    bytes: u64,
+    first: Option<Duration>,
+    /// When this connection's records took the total to `want`, if they did.
+    done: Option<Duration>,
+}
+
+/// Fetches `partitions` of `topic` over one connection until all connections together have
+/// fetched `want` records (`total`).
+fn consume_lane(
+    addr: &str,
+    topic: &str,
+    partitions: &[i32],
+    want: u64,
+    total: &AtomicU64,
+    started: Instant,
+) -> Result<Lane, String> {
     let mut stream = connect(addr)?;
-    let mut offsets = vec![0i64; partitions as usize];
-    let (mut records, mut bytes) = (0u64, 0u64);
-    let mut first = None;
+    let mut offsets: Vec<(i32, i64)> = partitions.iter().map(|&p| (p, 0)).collect();
+    let mut lane = Lane {
+        records: 0,
+        bytes: 0,
+        first: None,
+        done: None,
+    };
     let mut correlation_id = 0;
-    while records < want {
+    while total.load(Ordering::Acquire) < want {
         if started.elapsed() > CHILD_DEADLINE {
-            return Err(format!("only {records} of {want} records"));
+            return Err(format!(
+                "only {} of {want} records",
+                total.load(Ordering::Acquire)
+            ));
         }
         let request = fetch_request(topic, &offsets);
         let response = round_trip(&mut stream, &mut correlation_id, &request, FETCH_VERSION)?;
@@ -73,36 +146,35 @@ pub(crate) fn consume(
                 }
                 let Some(data) = &p.records else { continue };
                 let slot = offsets
-                    .get_mut(p.partition_index as usize)
+                    .iter_mut()
+                    .find(|(partition, _)| *partition == p.partition_index)
                     .ok_or("a partition that was not asked for")?;
                 let (n, next, used) = walk_batches(data);
-                records += n;
-                bytes += used as u64;
-                if n > 0 && first.is_none() {
-                    first = Some(started.elapsed());
+                lane.records += n;
+                lane.bytes += used as u64;
+                if n > 0 && lane.first.is_none() {
+                    lane.first = Some(started.elapsed());
+                }
+                let before = total.fetch_add(n, Ordering::AcqRel);
+                if before < want && before + n >= want {
+                    lane.done = Some(started.elapsed());
                 }
                 if let Some(next) = next {
-                    *slot = next;
+                    slot.1 = next;
                 }
             }
         }
     }
-    Ok(Fetched {
-        records,
-        bytes,
-        first,
-        elapsed: started.elapsed(),
-    })
+    Ok(lane)
 }
 
-/// A Fetch request for every partition at its offset.
-fn fetch_request(topic: &str, offsets: &[i64]) -> FetchRequest {
+/// A Fetch request for every (partition, offset).
+fn fetch_request(topic: &str, offsets: &[(i32, i64)]) -> FetchRequest {
     let partitions = offsets
         .iter()
-        .enumerate()
-        .map(|(p, &offset)| {
+        .map(|&(p, offset)| {
             FetchPartition::default()
-                .with_partition(p as i32)
+                .with_partition(p)
                 .with_current_leader_epoch(-1)
                 .with_fetch_offset(offset)
                 .with_last_fetched_epoch(-1)
