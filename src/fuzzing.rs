@@ -1805,6 +1805,11 @@ pub fn fetch_session(data: &[u8]) {
                         entries.push((tp, id, m.generation, p.fetch_offset));
                     }
                     assert!(!entries.is_empty(), "an empty fetch");
+                    assert!(
+                        max_bytes <= entries.len() * cfg.partition_max_bytes as usize,
+                        "{max_bytes} bytes reserved for {} partitions",
+                        entries.len()
+                    );
                     fetches.push(FetchOut { plan, entries });
                 }
                 assert!(

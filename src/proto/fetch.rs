@@ -49,6 +49,22 @@ pub(crate) struct FetchConfig {
     pub(crate) connections_per_broker: u8,
 }
 
+impl FetchConfig {
+    /// The most record bytes a Fetch for `partitions` partitions can return, and so what it
+    /// takes of the memory budget: `fetch.max.bytes`, and no more than
+    /// `max.partition.fetch.bytes` per partition. (The broker may exceed either limit by one
+    /// whole batch, the first of the response, so that an oversized batch can be read at all;
+    /// that holds of both limits alike.) Never 0.
+    fn request_bytes(&self, partitions: usize) -> usize {
+        let bytes = |limit: i32| usize::try_from(limit).unwrap_or(0).max(1);
+        bytes(self.max_bytes).min(
+            partitions
+                .max(1)
+                .saturating_mul(bytes(self.partition_max_bytes)),
+        )
+    }
+}
+
 /// One data connection: a leader's node id and the connection's index among that leader's
 /// `fetch.connections.per.broker`.
 pub(crate) type Lane = (i32, u8);
@@ -471,7 +487,8 @@ impl FetchState {
     }
 
     /// Fetch requests, at most one per data connection not in `busy`, within `budget` bytes in
-    /// total.
+    /// total. A request takes of the budget what it can return (see
+    /// [`FetchConfig::request_bytes`]), at most what is left of it.
     ///
     /// A leader's partitions are shared out over its idle data connections, round robin in the
     /// order they go into requests. No request takes more than its share of the partitions the
@@ -552,7 +569,7 @@ impl FetchState {
             entries.sort_by_key(|(first, _)| !*first);
             let share = (entries.len() + in_flight).div_ceil(usize::from(connections));
             let by_share = free.len().min(entries.len().div_ceil(share));
-            let affordable = budget.div_ceil(self.cfg.max_bytes.max(1) as usize);
+            let affordable = budget.div_ceil(self.cfg.request_bytes(share));
             let requests = by_share.min(affordable);
             if requests == by_share {
                 // The rest waits for the next connection to come free.
@@ -569,7 +586,7 @@ impl FetchState {
                 if budget == 0 {
                     break;
                 }
-                let max_bytes = budget.min(self.cfg.max_bytes as usize);
+                let max_bytes = budget.min(self.cfg.request_bytes(entries.len()));
                 budget -= max_bytes;
                 for e in &entries {
                     self.in_flight.insert(e.tp.clone());
@@ -1165,7 +1182,11 @@ mod tests {
             got == [(0, a.clone()), (1, b.clone())] || got == [(0, b), (1, a)],
             "{got:?}"
         );
-        assert_eq!(plans.iter().map(|p| p.max_bytes).sum::<i32>(), 2 << 20);
+        // Each takes of the budget what its four partitions can return.
+        assert_eq!(
+            plans.iter().map(|p| p.max_bytes).collect::<Vec<_>>(),
+            [4 << 16, 4 << 16]
+        );
         // Every partition in flight: nothing more.
         assert!(f.plan_fetches(now, &m, &busy(&[]), 10 << 20).is_empty());
         // The first answered: its connection takes its partitions again, and only those.
@@ -1209,9 +1230,56 @@ mod tests {
             ..cfg(OffsetReset::Error)
         });
         f.assign(all(), false);
-        let plan = single(f.plan_fetches(now, &m, &busy(&[]), 1 << 20));
-        assert_eq!((plan.lane, plan.max_bytes), (0, 1 << 20));
+        let plan = single(f.plan_fetches(now, &m, &busy(&[]), 200 << 10));
+        assert_eq!((plan.lane, plan.max_bytes), (0, 200 << 10));
         assert_eq!(plan.entries.len(), 8);
+    }
+
+    /// A budget below `fetch.max.bytes` still lets every connection fetch when each request's
+    /// partitions can return no more than their share of it: a request reserves what its
+    /// partitions can return, not `fetch.max.bytes` (which took the whole budget for one
+    /// request, and left the other connection idle).
+    #[test]
+    fn a_request_reserves_what_its_partitions_can_return() {
+        let now = Instant::now();
+        let m = meta_with(&[1; 8]);
+        let mut f = FetchState::new(FetchConfig {
+            connections_per_broker: 2,
+            ..cfg(OffsetReset::Error)
+        });
+        f.assign(
+            (0..8)
+                .map(|p| (tp(p), StartPosition::Offset(0), 1))
+                .collect(),
+            false,
+        );
+        // 1 MiB fetch.max.bytes, 64 KiB per partition: four partitions return at most 256 KiB.
+        let plans = f.plan_fetches(now, &m, &HashSet::new(), 512 << 10);
+        let got: Vec<(u8, usize, i32)> = plans
+            .iter()
+            .map(|p| (p.lane, p.entries.len(), p.max_bytes))
+            .collect();
+        assert_eq!(got, [(0, 4, 256 << 10), (1, 4, 256 << 10)]);
+
+        // One partition: its own limit.
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Offset(0), 1)], false);
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 10 << 20));
+        assert_eq!(plan.max_bytes, 1 << 16);
+
+        // More partitions than fetch.max.bytes covers: fetch.max.bytes.
+        let mut f = FetchState::new(FetchConfig {
+            partition_max_bytes: 1 << 19,
+            ..cfg(OffsetReset::Error)
+        });
+        f.assign(
+            (0..8)
+                .map(|p| (tp(p), StartPosition::Offset(0), 1))
+                .collect(),
+            false,
+        );
+        let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 10 << 20));
+        assert_eq!((plan.entries.len(), plan.max_bytes), (8, 1 << 20));
     }
 
     #[test]
