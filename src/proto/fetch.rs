@@ -1147,15 +1147,18 @@ mod tests {
             .collect()
     }
 
+    /// Partitions `0..partitions` of "t", each to be read from offset 0 (generation 1).
+    fn from_zero(partitions: i32) -> Vec<(TopicPartition, StartPosition, u64)> {
+        (0..partitions)
+            .map(|p| (tp(p), StartPosition::Offset(0), 1))
+            .collect()
+    }
+
     #[test]
     fn a_leaders_partitions_are_shared_out_over_its_connections() {
         let now = Instant::now();
         let m = meta_with(&[1; 8]);
-        let all = || {
-            (0..8)
-                .map(|p| (tp(p), StartPosition::Offset(0), 1))
-                .collect()
-        };
+        let all = || from_zero(8);
         let answered = |f: &mut FetchState, plan: FetchPlan| {
             // No data: the partitions are free again at the same positions.
             let out = f.handle_fetch(plan, response(vec![]), now);
@@ -1247,12 +1250,7 @@ mod tests {
             connections_per_broker: 2,
             ..cfg(OffsetReset::Error)
         });
-        f.assign(
-            (0..8)
-                .map(|p| (tp(p), StartPosition::Offset(0), 1))
-                .collect(),
-            false,
-        );
+        f.assign(from_zero(8), false);
         // 1 MiB fetch.max.bytes, 64 KiB per partition: four partitions return at most 256 KiB.
         let plans = f.plan_fetches(now, &m, &HashSet::new(), 512 << 10);
         let got: Vec<(u8, usize, i32)> = plans
@@ -1272,12 +1270,7 @@ mod tests {
             partition_max_bytes: 1 << 19,
             ..cfg(OffsetReset::Error)
         });
-        f.assign(
-            (0..8)
-                .map(|p| (tp(p), StartPosition::Offset(0), 1))
-                .collect(),
-            false,
-        );
+        f.assign(from_zero(8), false);
         let plan = single(f.plan_fetches(now, &m, &HashSet::new(), 10 << 20));
         assert_eq!((plan.entries.len(), plan.max_bytes), (8, 1 << 20));
     }
