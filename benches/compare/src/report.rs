@@ -626,7 +626,7 @@ impl Report {
                             with_range(by_round, |x| format!("{x:.2}×"))
                         );
                     }
-                    if let Some(budget) = self.cpu_budget(set, ci) {
+                    if let Some(budget) = self.cpu_budget(set, ci, want) {
                         let _ = writeln!(s, "  - {budget}");
                     }
                 }
@@ -692,11 +692,11 @@ impl Report {
     }
 
     /// What kafka-source and the broker together would need of the machine's cores to read
-    /// `case` at 90 % of the raw-fetch ceiling's rate, from the medians (among `set`) of the CPU
+    /// `case` at `share` of the raw-fetch ceiling's rate, from the medians (among `set`) of the CPU
     /// both used per record; `None` without broker CPU figures. Where that is more than the
     /// machine has, no overlap of the two can meet the target at that CPU cost, and the line
     /// says how much CPU per record kafka-source would have to shed.
-    fn cpu_budget(&self, set: &[ThroughputRun], case: usize) -> Option<String> {
+    fn cpu_budget(&self, set: &[ThroughputRun], case: usize, share: f64) -> Option<String> {
         // The broker's JIT compiler is left out: it compiles once, not per record.
         let cpu = |client: Client| -> Option<(f64, f64)> {
             let runs = runs_in(set, case, client);
@@ -710,19 +710,21 @@ impl Report {
         };
         let (ours, ours_broker) = cpu(Client::Ours)?;
         let (raw, raw_broker) = cpu(Client::Raw)?;
-        let target = 0.9 * rate_in(set, case, Client::Raw)?.median;
+        let ceiling = rate_in(set, case, Client::Raw)?.median;
+        let target = share * ceiling;
         let ours_rate = rate_in(set, case, Client::Ours)?.median;
         let cores = self.machine.cores as f64;
         let at_target = (ours + ours_broker) * target / 1e6;
         let at_ours = (ours + ours_broker) * ours_rate / 1e6;
-        let raw_busy = (raw + raw_broker) * target / 0.9 / 1e6;
+        let raw_busy = (raw + raw_broker) * ceiling / 1e6;
         let mut line = format!(
             "CPU per million records: kafka-source {ours:.3} s and the broker {ours_broker:.3} s \
              while serving it; the raw client {raw:.3} s and the broker {raw_broker:.3} s (the \
-             broker's without its JIT compiler threads). At 90 % \
+             broker's without its JIT compiler threads). At {:.0} % \
              of the ceiling's rate kafka-source and the broker would keep {at_target:.2} cores \
              busy (the raw client and the broker keep {raw_busy:.2} busy at its full rate); at \
              kafka-source's own rate they keep {at_ours:.2} busy. The machine has {}",
+            share * 100.0,
             self.machine.cores
         );
         if cores > 0.0 && at_target > cores && raw_busy > cores {
