@@ -74,6 +74,9 @@ pub(crate) const LATENCY_CLIENTS: [Client; 3] = [Client::Ours, Client::Java, Cli
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Client {
     Ours,
+    /// kafka-source with `check.crcs=false` (back-to-back runs only): how much of the gap to
+    /// the ceiling is the CRC check.
+    OursNoCrc,
     RdkafkaBase,
     RdkafkaStream,
     Rskafka,
@@ -96,6 +99,7 @@ impl Client {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Client::Ours => "kafka-source",
+            Client::OursNoCrc => "kafka-source, check.crcs=false",
             Client::RdkafkaBase => "rdkafka BaseConsumer",
             Client::RdkafkaStream => "rdkafka StreamConsumer",
             Client::Rskafka => "rskafka",
@@ -108,6 +112,7 @@ impl Client {
     fn child_kind(self) -> &'static str {
         match self {
             Client::Ours => "ours",
+            Client::OursNoCrc => "ours-nocrc",
             Client::RdkafkaBase => "rdkafka-base",
             Client::RdkafkaStream => "rdkafka-stream",
             Client::Rskafka => "rskafka",
@@ -620,7 +625,9 @@ pub(crate) struct WarmUp {
 /// judged by. In the rounds, the two runs of a round are separated by the other clients' runs
 /// (seconds to tens of seconds each), and each lasts a fraction of a second, so one burst of
 /// host or broker load decides a round; here each pair is two consecutive runs, and there are
-/// many more of them.
+/// many more of them. Each pair also has a run of kafka-source with `check.crcs=false`, next to
+/// the two: the share of the gap to the ceiling that is the CRC check. It is reported beside
+/// the pairs and judges nothing.
 fn run_pairs(
     plan: &Plan,
     cases: &[Case],
@@ -634,10 +641,13 @@ fn run_pairs(
             continue;
         }
         for pair in 0..plan.pairs {
-            let order = if pair % 2 == 0 {
-                [Client::Raw, Client::Ours]
-            } else {
-                [Client::Ours, Client::Raw]
+            // kafka-source and the raw fetch swap places from pair to pair; the run without
+            // CRC checks comes between or after them in turn.
+            let order = match pair % 4 {
+                0 => [Client::Raw, Client::Ours, Client::OursNoCrc],
+                1 => [Client::Ours, Client::OursNoCrc, Client::Raw],
+                2 => [Client::Raw, Client::OursNoCrc, Client::Ours],
+                _ => [Client::OursNoCrc, Client::Ours, Client::Raw],
             };
             for client in order {
                 let run = run_throughput(client, case, bootstrap, broker, log);

@@ -188,6 +188,11 @@ fn rate_in(set: &[ThroughputRun], case: usize, client: Client) -> Option<Spread>
 /// kafka-source's rate divided by `peer`'s, run against run of the same round (or pair) among
 /// `set`; rounds where either run failed are left out.
 fn paired_in(set: &[ThroughputRun], case: usize, peer: Client) -> Option<Spread> {
+    paired_of(set, case, Client::Ours, peer)
+}
+
+/// `client`'s rate divided by `peer`'s, as [`paired_in`].
+fn paired_of(set: &[ThroughputRun], case: usize, client: Client, peer: Client) -> Option<Spread> {
     let rate = |client: Client, round: usize| {
         set.iter()
             .find(|r| r.case == case && r.client == client && r.round == round)
@@ -195,7 +200,7 @@ fn paired_in(set: &[ThroughputRun], case: usize, peer: Client) -> Option<Spread>
             .map(|m| m.records_per_s)
     };
     let rounds = set.iter().map(|r| r.round).max()?;
-    spread((0..=rounds).filter_map(|round| Some(rate(Client::Ours, round)? / rate(peer, round)?)))
+    spread((0..=rounds).filter_map(|round| Some(rate(client, round)? / rate(peer, round)?)))
 }
 
 /// A throughput target's verdict: met only if both the ratio of the medians and the median of
@@ -302,7 +307,7 @@ impl Report {
             "| topic | kafka-source records/s | raw fetch records/s | ratio of medians | pair by pair | CPU s / M: kafka-source, raw | broker CPU s / M serving kafka-source, raw |"
         );
         let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-        for ci in cases {
+        for &ci in &cases {
             let (Some(ours), Some(raw), Some(by_pair)) = (
                 rate_in(&self.pairs, ci, Client::Ours),
                 rate_in(&self.pairs, ci, Client::Raw),
@@ -329,6 +334,52 @@ impl Report {
                 cpu(Client::Raw, &own),
                 cpu(Client::Ours, &broker),
                 cpu(Client::Raw, &broker),
+            );
+        }
+        s.push_str(&self.no_crc_section(&cases));
+        s
+    }
+
+    /// kafka-source without the CRC check, from the same back-to-back runs: how much of the
+    /// gap to the ceiling the check accounts for.
+    fn no_crc_section(&self, cases: &[usize]) -> String {
+        let mut s = String::new();
+        if !self.pairs.iter().any(|r| r.client == Client::OursNoCrc) {
+            return s;
+        }
+        let _ = writeln!(
+            s,
+            "\nEach pair also ran kafka-source with `check.crcs=false` next to the two runs \
+             (the order rotating), to show how much of the gap to the ceiling is the CRC-32C \
+             check; it judges no target. Ratios are pair by pair, median (min–max).\n"
+        );
+        let _ = writeln!(
+            s,
+            "| topic | check.crcs=false records/s | against the raw fetch | against kafka-source with CRCs | CPU s / M, check.crcs=false |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for &ci in cases {
+            let (Some(rate), Some(to_raw), Some(to_ours)) = (
+                rate_in(&self.pairs, ci, Client::OursNoCrc),
+                paired_of(&self.pairs, ci, Client::OursNoCrc, Client::Raw),
+                paired_of(&self.pairs, ci, Client::OursNoCrc, Client::Ours),
+            ) else {
+                let _ = writeln!(s, "| {} | failed | | | |", self.cases[ci].label());
+                continue;
+            };
+            let cpu = spread(
+                runs_in(&self.pairs, ci, Client::OursNoCrc)
+                    .iter()
+                    .map(|m| m.cpu_per_million),
+            )
+            .map_or("n/a".to_string(), |x| format!("{:.3}", x.median));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {cpu} |",
+                self.cases[ci].label(),
+                with_range(rate, grouped),
+                with_range(to_raw, |x| format!("{x:.2}×")),
+                with_range(to_ours, |x| format!("{x:.2}×")),
             );
         }
         s
