@@ -187,6 +187,7 @@ impl Consumer {
             max_response_size: config.max_response_size(),
             request_timeout: config.request_timeout(),
             connect_timeout: config.connect_timeout(),
+            scan_crcs: config.check_crcs(),
         };
         let pool = Arc::new(Pool::new(
             config.bootstrap_servers().to_vec(),

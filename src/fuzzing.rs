@@ -33,6 +33,7 @@ use crate::error::Error;
 use crate::handover::Mailbox;
 use crate::proto::chunk::ChunkCursor;
 use crate::proto::commit::{Action, Committer};
+use crate::proto::crc_scan::CrcScan;
 use crate::proto::fetch::{FetchConfig, FetchEvent, FetchState, Lane};
 use crate::proto::frame;
 use crate::proto::group::consumer_protocol;
@@ -224,7 +225,10 @@ fn api_versions(raw: Bytes, version: i16) {
 /// `version` modulo the size of our Fetch window selects v12..=v18. Flag bit 0 selects `read_committed`. The consumer assigns
 /// partitions 0 and 1 of topic `t` (id [`TOPIC_ID`], both led by node 1) at offset 0, plans one
 /// fetch, and feeds it the decoded response; every chunk handed out is then decoded to its end
-/// in pieces, with small limits.
+/// in pieces, with small limits. Before that the response is scanned for CRCs as the read loop
+/// scans it while it arrives, in pieces whose size the other flag bits choose: every batch the
+/// scan counts as checked must have a matching CRC at that position, and the decoding skips
+/// the CRC only of those.
 pub fn fetch_response(data: &[u8]) {
     let [version, flags, body @ ..] = data else {
         return;
@@ -236,8 +240,30 @@ pub fn fetch_response(data: &[u8]) {
     } else {
         IsolationLevel::ReadUncommitted
     };
-    let body = Bytes::copy_from_slice(body);
-    let Ok(resp) = frame::decode_body::<FetchResponse>(ApiKey::Fetch, body, version, 0) else {
+    // The frame as the read loop sees it: a response header (correlation id, no tagged
+    // fields), then the body, scanned for CRCs in pieces of a size the flags choose.
+    let mut whole = vec![0, 0, 0, 1, 0];
+    whole.extend_from_slice(body);
+    let whole = Bytes::from(whole);
+    let step = 16 + usize::from(flags >> 1) * 509;
+    let mut scan = CrcScan::fetch(version);
+    let mut n = 0;
+    while n < whole.len() {
+        n = (n + step).min(whole.len());
+        scan.advance(&whole[..n]);
+    }
+    let checked = scan.finish(&whole);
+    for (at, crc) in checked.within(&whole) {
+        // Only a batch whose CRC matches its own bytes there counts as checked.
+        let at = at as usize;
+        let len = i32::from_be_bytes(whole[at + 8..at + 12].try_into().expect("4 bytes"));
+        let batch = &whole[at..at + 12 + usize::try_from(len).expect("a checked length")];
+        assert_eq!(batch[16], 2, "magic of a checked batch");
+        assert_eq!(&crc.to_be_bytes()[..], &batch[17..21], "stored CRC");
+        assert_eq!(crc32c::crc32c(&batch[21..]), crc, "a batch checked at {at}");
+    }
+    let body = whole.slice(5..);
+    let Ok(resp) = frame::decode_body::<FetchResponse>(ApiKey::Fetch, body, version, 5) else {
         return;
     };
     let now = Instant::now();
@@ -253,7 +279,7 @@ pub fn fetch_response(data: &[u8]) {
     let mut plans = f.plan_fetches(now, &meta, &HashSet::new(), 1 << 20);
     assert_eq!(plans.len(), 1, "both partitions are led by node 1");
     let Some(plan) = plans.pop() else { return };
-    let out = f.handle_fetch(plan, Ok(resp), now);
+    let out = f.handle_fetch_checked(plan, Ok(resp), &checked, now);
     for event in out.events {
         let FetchEvent::Chunk(chunk) = event else {
             continue;

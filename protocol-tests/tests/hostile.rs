@@ -747,6 +747,64 @@ async fn batch_with_a_bad_crc() {
     }
 }
 
+/// A response of many batches (larger than one read, so its CRCs are checked as it arrives)
+/// with one bad CRC in the middle: every record before that batch is delivered, in order, then
+/// the typed error for that batch; nothing after it.
+#[tokio::test]
+async fn bad_crc_deep_in_a_large_response() {
+    let mut log = Log::default();
+    for b in 0..20 {
+        let batch = plain_batch(b * 50, 50);
+        if b == 10 {
+            let mut bad = batch.to_vec();
+            let last = bad.len() - 1;
+            bad[last] ^= 0x55;
+            log.push(Bytes::from(bad));
+        } else {
+            log.push(batch);
+        }
+    }
+    let (m, _) = fetch_mock(1, log).await;
+    let mut c = fetch_consumer(&m, |b| b);
+    let mut next = 0;
+    let err = loop {
+        match bounded("poll", c.poll()).await {
+            Ok(batch) => {
+                for r in &batch.records {
+                    assert_eq!(r.offset, next, "records in order, none lost or repeated");
+                    assert_eq!(r.value, Some(format!("value-{next}").as_bytes()));
+                    next += 1;
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(next, 500, "every record before the bad batch, none after");
+    match err {
+        Error::CorruptRecords {
+            partition,
+            violation: ProtocolViolation::Crc { base_offset, .. },
+        } => {
+            assert_eq!(partition, tp(0));
+            assert_eq!(base_offset, 500);
+        }
+        other => panic!("expected a CRC error, got {other:?}"),
+    }
+}
+
+/// The same large response with every CRC intact: all of it is delivered.
+#[tokio::test]
+async fn large_response_of_good_batches_delivers_every_record() {
+    let mut log = Log::default();
+    for b in 0..20 {
+        log.push(plain_batch(b * 50, 50));
+    }
+    let (m, _) = fetch_mock(1, log).await;
+    let mut c = fetch_consumer(&m, |b| b);
+    expect_records(&mut c, 1_000).await;
+    bounded("close", c.close()).await;
+}
+
 /// With `check.crcs=false` a batch whose stored CRC is wrong (its records intact) is decoded
 /// and delivered whole; the default rejects it (`batch_with_a_bad_crc`).
 #[tokio::test]

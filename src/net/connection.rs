@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{ApiContext, BrokerRef, Error, ProtocolViolation, Result};
 use crate::net::frame_pool::FramePool;
+use crate::proto::crc_scan::{Checked, CrcScan};
 use crate::proto::frame;
 use crate::proto::versions::{BrokerVersions, Window};
 
@@ -38,9 +39,12 @@ pub(crate) struct ConnOptions {
     pub(crate) max_response_size: usize,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// Check the CRCs of a Fetch response's batches as the response arrives (`check.crcs`).
+    pub(crate) scan_crcs: bool,
 }
 
-type Reply = oneshot::Sender<Result<Bytes>>;
+/// A response frame, and which of its record batches had their CRC checked on arrival.
+type Reply = oneshot::Sender<Result<(Bytes, Checked)>>;
 
 struct Pending {
     api: ApiContext,
@@ -191,7 +195,12 @@ impl Connection {
             queue: Mutex::new(WriteQueue::default()),
             queued: Notify::new(),
         });
-        let reader = tokio::spawn(read_loop(rd, Arc::clone(&shared), opts.max_response_size));
+        let reader = tokio::spawn(read_loop(
+            rd,
+            Arc::clone(&shared),
+            opts.max_response_size,
+            opts.scan_crcs,
+        ));
         let write_task = tokio::spawn(write_loop(Arc::clone(&writer), Arc::clone(&shared)));
         let mut conn = Self {
             shared,
@@ -296,8 +305,26 @@ impl Connection {
             api: frame::api_key::<R>(),
             version,
         };
-        let raw = self.send_raw_with_wait(req, api, extra_wait).await?;
+        let (raw, _) = self.send_raw_with_wait(req, api, extra_wait).await?;
         frame::decode_response::<R>(raw, version).map_err(|e| self.decode_error(api, e))
+    }
+
+    /// [`request`](Self::request), with the record batches whose CRC the read loop checked as
+    /// the response arrived (a Fetch response on a connection that scans them; none otherwise).
+    pub(crate) async fn request_checked<R: Request>(
+        &self,
+        req: &R,
+        version: i16,
+        extra_wait: Duration,
+    ) -> Result<(R::Response, Checked)> {
+        let api = ApiContext {
+            api: frame::api_key::<R>(),
+            version,
+        };
+        let (raw, checked) = self.send_raw_with_wait(req, api, extra_wait).await?;
+        let resp =
+            frame::decode_response::<R>(raw, version).map_err(|e| self.decode_error(api, e))?;
+        Ok((resp, checked))
     }
 
     /// The error for a response that did not decode. A body the structural check refused
@@ -323,7 +350,8 @@ impl Connection {
     }
 
     async fn send_raw<R: Request>(&self, req: &R, api: ApiContext) -> Result<Bytes> {
-        self.send_raw_with_wait(req, api, Duration::ZERO).await
+        let (raw, _) = self.send_raw_with_wait(req, api, Duration::ZERO).await?;
+        Ok(raw)
     }
 
     async fn send_raw_with_wait<R: Request>(
@@ -331,7 +359,7 @@ impl Connection {
         req: &R,
         api: ApiContext,
         extra_wait: Duration,
-    ) -> Result<Bytes> {
+    ) -> Result<(Bytes, Checked)> {
         let correlation_id = self.next_correlation_id.fetch_add(1, Ordering::Relaxed);
         let mut buf = BytesMut::new();
         frame::encode_request(
@@ -398,11 +426,32 @@ const GROW_STEP: usize = 16 << 20;
 /// buffer (a fetch response of 1 MiB would otherwise pay for copying a whole socket read).
 const HEAD_READ: usize = 8 * 1024;
 
-async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize) {
+/// While a scanned response is read, at most this much per read: each read's batches are
+/// checked while the kernel's copy of them is still in the core's L2.
+const SCAN_READ: usize = 256 * 1024;
+
+/// A scan goes on once at least this much more of the frame is in (and at its end), so that a
+/// broker dribbling bytes cannot make it walk the response's headers once per byte.
+const SCAN_STEP: usize = 16 * 1024;
+
+async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize, scan_crcs: bool) {
     let mut buf = BytesMut::with_capacity(HEAD_READ);
     let pool = Arc::new(FramePool::default());
+    // Fetch responses are scanned: their batches' CRCs are checked as they arrive.
+    let scan_for = |correlation_id: i32| {
+        if !scan_crcs {
+            return None;
+        }
+        match &*shared.state.lock() {
+            State::Open(map) => map
+                .get(&correlation_id)
+                .filter(|p| p.api.api == ApiKey::Fetch)
+                .map(|p| CrcScan::fetch(p.api.version)),
+            State::Poisoned(_) => None,
+        }
+    };
     let err = loop {
-        match read_frame(&mut rd, &mut buf, &pool, max).await {
+        match read_frame(&mut rd, &mut buf, &pool, max, &scan_for).await {
             Ok(frame) => {
                 if let Err(e) = deliver(&shared, frame) {
                     break e;
@@ -433,12 +482,15 @@ enum ReadError {
     Protocol(ProtocolViolation),
 }
 
+/// Reads one frame. `scan_for` gives the scan for a response (by correlation id) that is to be
+/// checked as it arrives: only frames larger than one head read are.
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     pool: &Arc<FramePool>,
     max: usize,
-) -> Result<Bytes, ReadError> {
+    scan_for: &impl Fn(i32) -> Option<CrcScan>,
+) -> Result<(Bytes, Checked), ReadError> {
     while buf.len() < frame::LENGTH_PREFIX {
         fill(rd, buf, HEAD_READ).await?;
     }
@@ -448,7 +500,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
     if buf.len() >= total {
         let mut frame = buf.split_to(total);
         frame.advance(frame::LENGTH_PREFIX);
-        return Ok(frame.freeze());
+        return Ok((frame.freeze(), Checked::default()));
     }
     // The rest of the frame is read into a buffer of its own, of its size (or a spare of the
     // connection's a little larger). Cut from the shared read buffer instead, a frame would
@@ -457,15 +509,38 @@ async fn read_frame<R: AsyncRead + Unpin>(
     let mut frame = pool.take(len.min(GROW_STEP));
     frame.extend_from_slice(&buf[frame::LENGTH_PREFIX..]);
     buf.clear();
+    // Looked up once the correlation id is in (it almost always came with the head read).
+    let mut scan: Option<Option<CrcScan>> = None;
+    let mut scanned = 0;
     while frame.len() < len {
         if frame.len() == frame.capacity() {
             frame.reserve_exact((len - frame.len()).min(GROW_STEP));
         }
+        if scan.is_none() {
+            if let Some(id) = frame.first_chunk::<4>() {
+                scan = Some(scan_for(i32::from_be_bytes(*id)));
+            }
+        }
         // Never past this frame: what follows belongs to the next one.
         let missing = len - frame.len();
-        read_some(rd, &mut (&mut frame).limit(missing)).await?;
+        match scan.as_mut() {
+            Some(Some(s)) => {
+                if frame.len() - scanned >= SCAN_STEP {
+                    s.advance(&frame);
+                    scanned = frame.len();
+                }
+                read_some(rd, &mut (&mut frame).limit(missing.min(SCAN_READ))).await?;
+            }
+            _ => read_some(rd, &mut (&mut frame).limit(missing)).await?,
+        }
     }
-    Ok(pool.frame(frame))
+    let scan = scan.flatten().map(|mut s| {
+        s.advance(&frame);
+        s
+    });
+    let frame = pool.frame(frame);
+    let checked = scan.map_or_else(Checked::default, |s| s.finish(&frame));
+    Ok((frame, checked))
 }
 
 async fn fill<R: AsyncRead + Unpin>(
@@ -492,7 +567,7 @@ async fn read_some<R: AsyncRead + Unpin, B: BufMut>(
     }
 }
 
-fn deliver(shared: &Shared, frame: Bytes) -> Result<(), ReadError> {
+fn deliver(shared: &Shared, (frame, checked): (Bytes, Checked)) -> Result<(), ReadError> {
     let id = frame::correlation_id(&frame).map_err(ReadError::Protocol)?;
     let pending = match &mut *shared.state.lock() {
         State::Open(map) => map.remove(&id),
@@ -504,7 +579,7 @@ fn deliver(shared: &Shared, frame: Bytes) -> Result<(), ReadError> {
         ));
     };
     // The requester may have given up (cancelled); its response is dropped here.
-    let _ = p.reply.send(Ok(frame));
+    let _ = p.reply.send(Ok((frame, checked)));
     Ok(())
 }
 
@@ -528,6 +603,7 @@ mod tests {
             max_response_size: 100 << 20,
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            scan_crcs: true,
         }
     }
 
@@ -677,7 +753,9 @@ mod tests {
             tx.write_all(&prefix.to_be_bytes()).await.unwrap();
             tx.write_all(&[7u8; 100]).await.unwrap();
             let mut buf = BytesMut::with_capacity(64 * 1024);
-            let res = read_frame(&mut rx, &mut buf, &Arc::default(), 100 << 20).await;
+            let res = read_frame(&mut rx, &mut buf, &Arc::default(), 100 << 20, &|_| None)
+                .await
+                .map(|(f, _)| f);
             assert!(
                 matches!(res, Err(ReadError::Protocol(_))),
                 "prefix {prefix}"
@@ -692,7 +770,10 @@ mod tests {
         let (mut tx, mut rx) = tokio::io::duplex(1024);
         tx.write_all(&(2000i32).to_be_bytes()).await.unwrap();
         let mut buf = BytesMut::new();
-        match read_frame(&mut rx, &mut buf, &Arc::default(), 1000).await {
+        match read_frame(&mut rx, &mut buf, &Arc::default(), 1000, &|_| None)
+            .await
+            .map(|(f, _)| f)
+        {
             Err(ReadError::Protocol(ProtocolViolation::FrameTooLarge {
                 claimed: 2000,
                 max: 1000,
@@ -724,7 +805,8 @@ mod tests {
             // of the large frames before them.
             let pool = Arc::default();
             for (i, &n) in sizes.iter().enumerate() {
-                let Ok(frame) = read_frame(&mut rx, &mut buf, &pool, 1 << 20).await else {
+                let Ok((frame, _)) = read_frame(&mut rx, &mut buf, &pool, 1 << 20, &|_| None).await
+                else {
                     panic!("cut {cut}, frame {i}: read failed");
                 };
                 assert_eq!(frame.len(), n, "cut {cut}, frame {i}");

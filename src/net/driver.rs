@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::net::inflight::InFlight;
 use crate::net::pool::{ConnKey, Pool};
 use crate::proto::commit::{self, Action, Committer, Finished};
+use crate::proto::crc_scan::Checked;
 use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, Lane, ListPlan, Outcome};
 use crate::proto::group::Membership;
 use crate::proto::metadata::{Metadata, TopicProblem};
@@ -179,7 +180,7 @@ pub(crate) enum Delivery {
 enum Completion {
     Metadata(Result<MetadataResponse>),
     List(ListPlan, Result<ListOffsetsResponse>),
-    Fetch(FetchPlan, Result<FetchResponse>),
+    Fetch(FetchPlan, Result<(FetchResponse, Checked)>),
     FindCoordinator(u64, Result<FindCoordinatorResponse>),
     Commit(u64, Result<OffsetCommitResponse>),
     /// A query finished and its answer went to its own channel, or a connection was warmed up:
@@ -626,7 +627,7 @@ impl Driver {
                     // Built once the broker's version is known: v12 names topics, v13+ ids.
                     let v = conn.version(versions::FETCH)?;
                     let req = FetchState::fetch_request(&fetch_cfg, &plan, v);
-                    conn.request(&req, v, max_wait).await
+                    conn.request_checked(&req, v, max_wait).await
                 }
                 .await;
                 Completion::Fetch(plan, res)
@@ -765,7 +766,11 @@ impl Driver {
                         self.meta.invalidate_leader(&tp.topic, tp.partition);
                     }
                 }
-                let out = self.fetch.handle_fetch(plan, res, now);
+                let (res, checked) = match res {
+                    Ok((resp, checked)) => (Ok(resp), checked),
+                    Err(e) => (Err(e), Checked::default()),
+                };
+                let out = self.fetch.handle_fetch_checked(plan, res, &checked, now);
                 self.apply(out);
             }
         }

@@ -43,6 +43,10 @@ pub(crate) struct ChunkCursor {
     /// The position after what was decoded so far.
     position: i64,
     batches: BatchIter,
+    /// Batches whose CRC the read loop checked: `(position in the chunk, CRC)`, in order.
+    checked: Vec<(u32, u32)>,
+    /// The first of `checked` not yet passed.
+    next_checked: usize,
     filter: AbortedTransactions,
     done: bool,
 }
@@ -62,6 +66,8 @@ impl ChunkCursor {
             end_offset: chunk.next_offset,
             position: chunk.fetch_offset,
             batches: BatchIter::new(chunk.records),
+            checked: chunk.checked,
+            next_checked: 0,
             filter,
             done: false,
         }
@@ -83,6 +89,7 @@ impl ChunkCursor {
                 .records_ahead(soft_cap / size_of::<Entry>() + 1),
         );
         while !self.done {
+            let at = self.raw_len - self.batches.remaining_bytes();
             let Some(item) = self.batches.next() else {
                 self.done = true;
                 self.position = self.position.max(self.end_offset);
@@ -113,7 +120,12 @@ impl ChunkCursor {
             }
             let start = p.records.entries.len();
             let segments = p.records.segments.len();
-            if let Err(v) = decode_batch(&batch, limits, &mut p.records) {
+            let limits = if self.was_checked(at, header.crc) {
+                limits.with_check_crc(false)
+            } else {
+                *limits
+            };
+            if let Err(v) = decode_batch(&batch, &limits, &mut p.records) {
                 self.fail(&mut p, v);
                 break;
             }
@@ -141,6 +153,22 @@ impl ChunkCursor {
         }
         p.next_offset = self.position;
         p
+    }
+
+    /// True if the read loop checked the CRC of the batch at `at` and found `crc`: the very
+    /// bytes the decoder would check, so their CRC need not be computed again.
+    fn was_checked(&mut self, at: usize, crc: u32) -> bool {
+        while let Some(&(pos, stored)) = self.checked.get(self.next_checked) {
+            match (pos as usize).cmp(&at) {
+                std::cmp::Ordering::Less => self.next_checked += 1,
+                std::cmp::Ordering::Equal => {
+                    self.next_checked += 1;
+                    return stored == crc;
+                }
+                std::cmp::Ordering::Greater => return false,
+            }
+        }
+        false
     }
 
     fn fail(&mut self, p: &mut Piece, v: ProtocolViolation) {
@@ -178,7 +206,17 @@ mod tests {
     }
 
     fn piece_from(records: Bytes, fetch_offset: i64, next_offset: i64) -> Piece {
+        piece_checked(records, Vec::new(), fetch_offset, next_offset)
+    }
+
+    fn piece_checked(
+        records: Bytes,
+        checked: Vec<(u32, u32)>,
+        fetch_offset: i64,
+        next_offset: i64,
+    ) -> Piece {
         let chunk = Chunk {
+            checked,
             tp: TopicPartition::new("t", 0),
             generation: 0,
             fetch_offset,
@@ -190,6 +228,72 @@ mod tests {
         let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX);
         assert!(cursor.is_done());
         piece
+    }
+
+    /// Two batches of three records from offset 0, the second's stored CRC wrong (its records
+    /// intact), and the CRC each now holds.
+    fn second_crc_wrong() -> (Bytes, usize, [u32; 2]) {
+        let batch = |base: i64| {
+            let records: Vec<_> = (base..base + 3)
+                .map(|o| record(o, 1_000 + o, None, Some(b"v"), &[]))
+                .collect();
+            encode(&records, KpCompression::None)
+        };
+        let first = batch(0);
+        let mut second = batch(3).to_vec();
+        second[17] ^= 0x55;
+        let crc = |b: &[u8]| u32::from_be_bytes(b[17..21].try_into().unwrap());
+        let crcs = [crc(&first), crc(&second)];
+        let at = first.len();
+        let mut all = first.to_vec();
+        all.extend_from_slice(&second);
+        (Bytes::from(all), at, crcs)
+    }
+
+    /// A batch the read loop checked at that position with that CRC is not checked again: here
+    /// one whose CRC is wrong, so the skip shows.
+    #[test]
+    fn a_batch_checked_on_arrival_is_not_checked_again() {
+        let (records, at, crcs) = second_crc_wrong();
+        let at = at as u32;
+        let piece = piece_checked(records.clone(), vec![(0, crcs[0]), (at, crcs[1])], 0, 6);
+        assert!(piece.error.is_none(), "{:?}", piece.error);
+        assert_eq!(piece.records.len(), 6);
+        // Without the entry the CRC is checked, and refused.
+        let piece = piece_checked(records, vec![(0, crcs[0])], 0, 6);
+        assert!(
+            matches!(
+                piece.error,
+                Some(ProtocolViolation::Crc { base_offset: 3, .. })
+            ),
+            "{:?}",
+            piece.error
+        );
+        assert_eq!(piece.records.len(), 3);
+    }
+
+    /// An entry at another position, or with another CRC than the batch's header holds, does
+    /// not count for the batch.
+    #[test]
+    fn a_check_counts_only_at_its_position_with_its_crc() {
+        let (records, at, crcs) = second_crc_wrong();
+        let at = at as u32;
+        for checked in [
+            vec![(at, crcs[1] ^ 1)],
+            vec![(at - 1, crcs[1])],
+            vec![(at + 1, crcs[1])],
+            vec![(0, crcs[1])],
+        ] {
+            let piece = piece_checked(records.clone(), checked.clone(), 0, 6);
+            assert!(
+                matches!(
+                    piece.error,
+                    Some(ProtocolViolation::Crc { base_offset: 3, .. })
+                ),
+                "{checked:?}: {:?}",
+                piece.error
+            );
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use crate::config::{IsolationLevel, OffsetReset};
 use crate::error::{Error, ProtocolViolation};
+use crate::proto::crc_scan::Checked;
 use crate::proto::metadata::Metadata;
 use crate::proto::records::BatchIter;
 use crate::proto::recovery::{FetchRecovery, fetch_recovery};
@@ -141,6 +142,9 @@ pub(crate) struct Chunk {
     pub(crate) fetch_offset: i64,
     /// Complete record batches, a zero-copy slice of the response.
     pub(crate) records: Bytes,
+    /// The batches of `records` whose CRC was checked as the response arrived: `(position in
+    /// `records`, CRC)`, in order.
+    pub(crate) checked: Vec<(u32, u32)>,
     /// The position after these batches.
     pub(crate) next_offset: i64,
     /// Aborted transactions, for `read_committed` filtering: `(producer id, first offset)`.
@@ -674,10 +678,23 @@ impl FetchState {
     }
 
     /// Applies a Fetch outcome.
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn handle_fetch(
         &mut self,
         plan: FetchPlan,
         result: Result<FetchResponse, Error>,
+        now: Instant,
+    ) -> Outcome {
+        self.handle_fetch_checked(plan, result, &Checked::default(), now)
+    }
+
+    /// [`handle_fetch`](Self::handle_fetch) for a response whose batches in `checked` had their
+    /// CRCs checked as it arrived: each chunk carries those within its records.
+    pub(crate) fn handle_fetch_checked(
+        &mut self,
+        plan: FetchPlan,
+        result: Result<FetchResponse, Error>,
+        checked: &Checked,
         now: Instant,
     ) -> Outcome {
         let mut out = Outcome::default();
@@ -725,7 +742,7 @@ impl FetchState {
                     );
                     continue;
                 };
-                self.handle_partition(entry, p, now, &mut out);
+                self.handle_partition(entry, p, checked, now, &mut out);
             }
         }
         out
@@ -735,6 +752,7 @@ impl FetchState {
         &mut self,
         entry: &FetchEntry,
         p: kafka_protocol::messages::fetch_response::PartitionData,
+        checked: &Checked,
         now: Instant,
         out: &mut Outcome,
     ) {
@@ -863,11 +881,13 @@ impl FetchState {
             .iter()
             .map(|a| (a.producer_id.0, a.first_offset))
             .collect();
+        let records = records.slice(..end);
         let chunk = Chunk {
             tp: entry.tp.clone(),
             generation: entry.generation,
             fetch_offset: entry.offset,
-            records: records.slice(..end),
+            checked: checked.within(&records),
+            records,
             next_offset: next,
             aborted,
         };

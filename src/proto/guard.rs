@@ -591,6 +591,8 @@ fn walk_response(
         pos: 0,
         version,
         flexible: version >= schema.flexible_from,
+        prefix: false,
+        found: None,
     };
     w.walk_struct(&schema.body).map(|()| w.pos).map_err(|fail| {
         let mut field = String::new();
@@ -606,6 +608,37 @@ fn walk_response(
         }
         malformed(field, offset + fail.offset, fail.reason.to_string())
     })
+}
+
+/// The bytes and records fields (`(start, len)`, `start` after the length) that begin within
+/// `prefix`, the first bytes of a response body for `api` at `version`, in order, appended to
+/// `out`. The last may run past the end of `prefix`. The walk is the one of [`check_response`]
+/// without its checks of counts against the bytes left, since the rest of the body is not
+/// there yet; it stops at the first field that does not fit, and at anything malformed. An
+/// API or version without a schema yields nothing.
+pub(crate) fn bytes_fields(
+    api: ApiKey,
+    version: i16,
+    prefix: &[u8],
+    out: &mut Vec<(usize, usize)>,
+) {
+    let Some(schema) = schema(api) else {
+        return;
+    };
+    if version < schema.versions.0 || version > schema.versions.1 {
+        return;
+    }
+    let mut w = Walker {
+        buf: prefix,
+        pos: 0,
+        version,
+        flexible: version >= schema.flexible_from,
+        prefix: true,
+        found: Some(std::mem::take(out)),
+    };
+    // A walk of a prefix ends where the bytes end: its error says nothing.
+    let _ = w.walk_struct(&schema.body);
+    *out = w.found.unwrap_or_default();
 }
 
 /// Where a failure was, innermost first (filled while the error propagates out).
@@ -694,6 +727,10 @@ struct Walker<'a> {
     pos: usize,
     version: i16,
     flexible: bool,
+    /// `buf` is the start of a body: counts are not checked against what is left.
+    prefix: bool,
+    /// Where bytes fields start and how long they are, if wanted ([`bytes_fields`]).
+    found: Option<Vec<(usize, usize)>>,
 }
 
 impl Walker<'_> {
@@ -788,6 +825,12 @@ impl Walker<'_> {
     fn skip_sized(&mut self, classic16: bool) -> Walk {
         let at = self.pos;
         if let Some(len) = self.length(classic16)? {
+            if let (false, Some(found)) = (classic16, self.found.as_mut()) {
+                // A bytes field: where it lies, whether or not it is all there yet.
+                if let Ok(len) = usize::try_from(len) {
+                    found.push((self.pos, len));
+                }
+            }
             if len > self.left() as u64 {
                 return self.fail(
                     at,
@@ -809,7 +852,9 @@ impl Walker<'_> {
             return Ok(0);
         };
         let min_size = min_size.max(1);
-        if count.saturating_mul(min_size as u64) > self.left() as u64 {
+        // A prefix walk meets the end of the bytes in the elements instead; each takes at least
+        // a byte, so the walk still ends.
+        if !self.prefix && count.saturating_mul(min_size as u64) > self.left() as u64 {
             return self.fail(
                 at,
                 Reason::CountPastEnd {
@@ -875,8 +920,9 @@ impl Walker<'_> {
             Ty::Bytes => self.skip_sized(false),
             Ty::I32Array => {
                 let n = self.count(4)?;
-                // Checked above: n * 4 fits in what is left.
-                self.skip(n as usize * 4)
+                // Checked above: n * 4 fits in what is left (in a prefix walk, `skip` refuses
+                // what does not).
+                self.skip(usize::try_from(n).map_or(usize::MAX, |n| n.saturating_mul(4)))
             }
             Ty::Array(elem) => {
                 let n = self.count(self.min_size(elem))?;

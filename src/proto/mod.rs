@@ -4,6 +4,7 @@
 
 pub(crate) mod chunk;
 pub(crate) mod commit;
+pub(crate) mod crc_scan;
 pub(crate) mod fetch;
 pub(crate) mod frame;
 pub(crate) mod group;
