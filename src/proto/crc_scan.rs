@@ -13,26 +13,19 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 
 use crate::proto::guard;
-
-/// Offsets within a v2 record batch (Java `DefaultRecordBatch`).
-const LOG_OVERHEAD: usize = 12;
-const MAGIC_OFFSET: usize = 16;
-const CRC_OFFSET: usize = 17;
-const CRC_START: usize = 21;
-const BATCH_HEADER_LEN: usize = 61;
-const MAGIC_V2: u8 = 2;
+use crate::proto::records::{
+    BATCH_HEADER_LEN, CRC_OFFSET, CRC_START, LOG_OVERHEAD, MAGIC_OFFSET, MAGIC_V2,
+};
 
 /// Where the scan of one response stands.
 #[derive(Debug)]
 pub(crate) struct CrcScan {
     version: i16,
-    /// The length of the response header, once it is known.
-    header: Option<usize>,
-    /// The records fields seen so far, `(start, len)` in the body; refilled on every turn.
+    /// The records fields seen so far, `(start, len)` in the frame; refilled on every turn.
     fields: Vec<(usize, usize)>,
     /// The field being walked: the earlier ones are done.
     field: usize,
-    /// The next batch's position in the body.
+    /// The next batch's position in the frame.
     at: usize,
     checked: Vec<(u32, u32)>,
 }
@@ -42,7 +35,6 @@ impl CrcScan {
     pub(crate) fn fetch(version: i16) -> Self {
         Self {
             version,
-            header: None,
             fields: Vec::new(),
             field: 0,
             at: 0,
@@ -53,20 +45,9 @@ impl CrcScan {
     /// Checks the batches that `frame`, the frame received so far (after its length prefix;
     /// it only grows from call to call), holds complete and that were not checked before.
     pub(crate) fn advance(&mut self, frame: &[u8]) {
-        let header = match self.header {
-            Some(h) => h,
-            None => match header_len(self.version, frame) {
-                Some(h) => *self.header.insert(h),
-                None => return,
-            },
-        };
-        let Some(body) = frame.get(header..) else {
-            return;
-        };
         self.fields.clear();
-        guard::bytes_fields(ApiKey::Fetch, self.version, body, &mut self.fields);
+        guard::bytes_fields(ApiKey::Fetch, self.version, frame, &mut self.fields);
         while let Some(&(start, len)) = self.fields.get(self.field) {
-            let start = start + header;
             let end = start.saturating_add(len);
             self.at = self.at.max(start);
             if !self.walk(frame, end) {
@@ -76,8 +57,8 @@ impl CrcScan {
         }
     }
 
-    /// Walks the batches of a records field ending at `end` (in the frame) from `self.at`: `true` once the
-    /// field is done with, `false` if it waits for more bytes.
+    /// Walks the batches of a records field ending at `end` (in the frame) from `self.at`:
+    /// `true` once the field is done with, `false` if it waits for more bytes.
     fn walk(&mut self, frame: &[u8], end: usize) -> bool {
         loop {
             if end - self.at < BATCH_HEADER_LEN {
@@ -96,7 +77,7 @@ impl CrcScan {
                 // Malformed or cut by the broker: the decoder has the last word.
                 return true;
             };
-            if head[MAGIC_OFFSET] != MAGIC_V2 {
+            if i8::from_be_bytes([head[MAGIC_OFFSET]]) != MAGIC_V2 {
                 return true;
             }
             let Some(batch) = frame.get(self.at..self.at + total) else {
@@ -125,34 +106,6 @@ impl CrcScan {
             batches: self.checked,
         }
     }
-}
-
-/// The length of a Fetch response header at `version` at the start of `frame`, once it is all
-/// there: the correlation id, and from v12 (flexible) its tagged fields.
-fn header_len(version: i16, frame: &[u8]) -> Option<usize> {
-    let mut pos = 4;
-    if version < 12 {
-        return (frame.len() >= pos).then_some(pos);
-    }
-    let uvarint = |pos: &mut usize| -> Option<usize> {
-        let mut value = 0usize;
-        for i in 0..5 {
-            let b = *frame.get(*pos)?;
-            *pos += 1;
-            value |= usize::from(b & 0x7f) << (i * 7);
-            if b < 0x80 {
-                return Some(value);
-            }
-        }
-        None
-    };
-    let count = uvarint(&mut pos)?;
-    for _ in 0..count {
-        let _tag = uvarint(&mut pos)?;
-        let size = uvarint(&mut pos)?;
-        pos = pos.checked_add(size)?;
-    }
-    (frame.len() >= pos).then_some(pos)
 }
 
 /// The batches of one response whose CRC was checked on arrival: `(position in the frame,

@@ -586,14 +586,7 @@ fn walk_response(
             ),
         ));
     }
-    let mut w = Walker {
-        buf: body,
-        pos: 0,
-        version,
-        flexible: version >= schema.flexible_from,
-        prefix: false,
-        found: None,
-    };
+    let mut w = Walker::new(body, version, schema, None);
     w.walk_struct(&schema.body).map(|()| w.pos).map_err(|fail| {
         let mut field = String::new();
         for seg in fail.path.iter().rev() {
@@ -611,11 +604,12 @@ fn walk_response(
 }
 
 /// The bytes and records fields (`(start, len)`, `start` after the length) that begin within
-/// `prefix`, the first bytes of a response body for `api` at `version`, in order, appended to
-/// `out`. The last may run past the end of `prefix`. The walk is the one of [`check_response`]
-/// without its checks of counts against the bytes left, since the rest of the body is not
-/// there yet; it stops at the first field that does not fit, and at anything malformed. An
-/// API or version without a schema yields nothing.
+/// `prefix`, the first bytes of a response frame (its header, then its body) for `api` at
+/// `version`, in order, appended to `out`; positions are in the frame. The last may run past
+/// the end of `prefix`. The body's walk is the one of [`check_response`] without its checks of
+/// counts against the bytes left, since the rest of the body is not there yet; it stops at the
+/// first field that does not fit, and at anything malformed. An API or version without a
+/// schema yields nothing.
 pub(crate) fn bytes_fields(
     api: ApiKey,
     version: i16,
@@ -628,18 +622,20 @@ pub(crate) fn bytes_fields(
     if version < schema.versions.0 || version > schema.versions.1 {
         return;
     }
-    let mut w = Walker {
-        buf: prefix,
-        pos: 0,
-        version,
-        flexible: version >= schema.flexible_from,
-        prefix: true,
-        found: Some(std::mem::take(out)),
-    };
+    let mut w = Walker::new(prefix, version, schema, Some(std::mem::take(out)));
+    // The response header: the correlation id, and in flexible versions its tagged fields.
     // A walk of a prefix ends where the bytes end: its error says nothing.
-    let _ = w.walk_struct(&schema.body);
+    let _ = w.skip(4).and_then(|()| {
+        if w.flexible {
+            w.walk_tagged(&NO_FIELDS)?;
+        }
+        w.walk_struct(&schema.body)
+    });
     *out = w.found.unwrap_or_default();
 }
+
+/// A struct of no known fields (the response header's tagged-field section).
+const NO_FIELDS: Struct = Struct { fields: &[] };
 
 /// Where a failure was, innermost first (filled while the error propagates out).
 #[derive(Debug)]
@@ -733,7 +729,25 @@ struct Walker<'a> {
     found: Option<Vec<(usize, usize)>>,
 }
 
-impl Walker<'_> {
+impl<'a> Walker<'a> {
+    /// A walk of `buf` for `schema` at `version`; `found` collects the bytes fields if given
+    /// (and then `buf` may be a prefix: counts are not checked against what is left).
+    fn new(
+        buf: &'a [u8],
+        version: i16,
+        schema: &Schema,
+        found: Option<Vec<(usize, usize)>>,
+    ) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            version,
+            flexible: version >= schema.flexible_from,
+            prefix: found.is_some(),
+            found,
+        }
+    }
+
     fn left(&self) -> usize {
         self.buf.len() - self.pos
     }

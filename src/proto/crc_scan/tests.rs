@@ -202,7 +202,7 @@ fn garbled_responses_yield_only_true_checks() {
             let at = at as usize;
             let len = i32::from_be_bytes(b[at + 8..at + 12].try_into().unwrap()) as usize;
             let batch = &b[at..at + LOG_OVERHEAD + len];
-            assert_eq!(batch[MAGIC_OFFSET], MAGIC_V2);
+            assert_eq!(i8::from_be_bytes([batch[MAGIC_OFFSET]]), MAGIC_V2);
             assert_eq!(
                 crc,
                 u32::from_be_bytes(batch[CRC_OFFSET..CRC_OFFSET + 4].try_into().unwrap())

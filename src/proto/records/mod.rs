@@ -39,17 +39,19 @@ use crate::error::ProtocolViolation;
 use crate::types::{Entry, Records, Segment, Span, TimestampType};
 
 /// `baseOffset` (i64) and `batchLength` (i32): the bytes before what `batchLength` counts.
-const LOG_OVERHEAD: usize = 12;
+pub(crate) const LOG_OVERHEAD: usize = 12;
 /// The v2 batch header, from `baseOffset` to `recordCount`; the records follow.
-const BATCH_HEADER_LEN: usize = 61;
+pub(crate) const BATCH_HEADER_LEN: usize = 61;
 /// The smallest `batchLength`: a header without records.
 const MIN_BATCH_LENGTH: i32 = (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32;
 /// Where the magic byte is, from the start of the batch.
-const MAGIC_OFFSET: usize = 16;
+pub(crate) const MAGIC_OFFSET: usize = 16;
+/// Where the stored CRC-32C is, from the start of the batch.
+pub(crate) const CRC_OFFSET: usize = 17;
 /// Where the CRC-32C's coverage starts (the attributes), from the start of the batch.
-const CRC_START: usize = 21;
+pub(crate) const CRC_START: usize = 21;
 /// The only batch format this module reads.
-const MAGIC_V2: i8 = 2;
+pub(crate) const MAGIC_V2: i8 = 2;
 /// The smallest encoded record: length, attributes, timestamp delta, offset delta, key length,
 /// value length and header count, one byte each.
 const MIN_RECORD_LEN: usize = 7;
