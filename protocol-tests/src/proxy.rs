@@ -35,9 +35,20 @@ pub struct Recorded {
     pub connection: usize,
 }
 
+/// A request or a response passing the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passed {
+    /// A request on its way to the broker.
+    Request(ApiKey),
+    /// A response on its way to the client.
+    Response(ApiKey),
+}
+
 #[derive(Default)]
 struct State {
     recorded: Vec<Recorded>,
+    /// `(connection, what)`, in the order the proxy passed them on.
+    passed: Vec<(usize, Passed)>,
     tasks: Vec<AbortHandle>,
     connections: usize,
 }
@@ -120,6 +131,21 @@ impl RecordingProxy {
         self.lock().recorded.clone()
     }
 
+    /// What passed the proxy so far, requests and responses in the order it passed them on,
+    /// each with its connection (counted from 0 in the order the proxy accepted them).
+    pub fn passed(&self) -> Vec<(usize, Passed)> {
+        self.lock().passed.clone()
+    }
+
+    /// What passed the proxy on connection `connection` so far, in order.
+    pub fn passed_on(&self, connection: usize) -> Vec<Passed> {
+        self.passed()
+            .into_iter()
+            .filter(|(c, _)| *c == connection)
+            .map(|(_, p)| p)
+            .collect()
+    }
+
     /// How many client connections the proxy accepted (and connected to the broker) so far.
     pub fn connections(&self) -> usize {
         self.lock().connections
@@ -149,6 +175,7 @@ async fn relay(
     let requests: Requests = Arc::default();
     let up = {
         let requests = Arc::clone(&requests);
+        let state = Arc::clone(&state);
         async move {
             while let Some(frame) = read_frame(&mut crd).await {
                 let mut b = frame.slice(4..);
@@ -162,6 +189,11 @@ async fn relay(
                         h.correlation_id,
                         (api, h.request_api_version, read_committed),
                     );
+                    state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .passed
+                        .push((connection, Passed::Request(api)));
                 }
                 if uwr.write_all(&frame).await.is_err() {
                     return;
@@ -178,17 +210,16 @@ async fn relay(
                 .remove(&corr);
             let out = match req {
                 Some((api, version, read_committed)) => {
-                    state
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .recorded
-                        .push(Recorded {
-                            api,
-                            version,
-                            read_committed,
-                            frame: frame.clone(),
-                            connection,
-                        });
+                    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+                    s.recorded.push(Recorded {
+                        api,
+                        version,
+                        read_committed,
+                        frame: frame.clone(),
+                        connection,
+                    });
+                    s.passed.push((connection, Passed::Response(api)));
+                    drop(s);
                     rewrite(api, version, &frame, port).unwrap_or(frame)
                 }
                 None => frame,

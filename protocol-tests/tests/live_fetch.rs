@@ -210,10 +210,9 @@ async fn out_of_range_offsets() {
 
 /// Start-up against one broker takes two connections, not three: once metadata names the node
 /// at the bootstrap address, the bootstrap connection becomes its control connection (it
-/// carries ListOffsets), and the spare opened to the same address while the first Metadata
-/// request was out becomes its data connection, which carries nothing but ApiVersions and
-/// Fetch. A recording proxy in front of the broker counts the connections and sorts the
-/// answers by connection.
+/// carries ListOffsets), and the spare opened to the same address beside it becomes its data
+/// connection, which carries nothing but ApiVersions and Fetch. A recording proxy in front of
+/// the broker counts the connections and sorts the answers by connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     use kafka_protocol::messages::ApiKey;
@@ -260,6 +259,7 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
 
 /// A broker's partitions are fetched over `fetch.connections.per.broker` data connections, each
 /// Fetch carrying at most its share of them, and every record still arrives once and in order.
+/// Each data connection was opened beside the bootstrap connection, before metadata was in.
 /// With one connection per broker, every Fetch carries every partition, as the Java client's
 /// do. A recording proxy in front of the broker counts the connections and decodes each Fetch
 /// response.
@@ -267,6 +267,7 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
 async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
     use kafka_protocol::messages::{ApiKey, FetchResponse};
     use kafka_protocol::protocol::Decodable as _;
+    use protocol_tests::proxy::Passed::{self, Request, Response};
     use protocol_tests::proxy::RecordingProxy;
 
     let Some(cluster) =
@@ -338,6 +339,18 @@ async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
             "APIs per connection, in the order the proxy accepted them"
         );
         assert_eq!(fetched.len(), opened - 1, "data connections: {fetched:?}");
+        // Every data connection is a spare opened beside the bootstrap connection: its
+        // ApiVersions went out before the first metadata was in.
+        let passed = proxy.passed();
+        let at = |what: (usize, Passed)| passed.iter().position(|p| *p == what);
+        let metadata_in = at((0, Response(ApiKey::Metadata))).expect("metadata answered");
+        for conn in 1..opened {
+            let versions_out = at((conn, Request(ApiKey::ApiVersions))).expect("ApiVersions");
+            assert!(
+                versions_out < metadata_in,
+                "connection {conn} opened after the metadata was in: {passed:?}"
+            );
+        }
         for (conn, named) in &fetched {
             assert!(
                 named.len() >= 5,

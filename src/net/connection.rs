@@ -172,6 +172,17 @@ impl Drop for Connection {
 impl Connection {
     /// Opens a TCP connection and negotiates API versions.
     pub(crate) async fn connect(addr: &str, broker: BrokerRef, opts: ConnOptions) -> Result<Self> {
+        Self::connect_then(addr, broker, opts, || {}).await
+    }
+
+    /// [`connect`](Self::connect), calling `connected` once the TCP connection is up, before
+    /// the versions are negotiated.
+    pub(crate) async fn connect_then(
+        addr: &str,
+        broker: BrokerRef,
+        opts: ConnOptions,
+        connected: impl FnOnce(),
+    ) -> Result<Self> {
         let io_err = |source| Error::Io {
             broker: broker.clone(),
             source,
@@ -181,6 +192,7 @@ impl Connection {
             .map_err(|_| Error::timeout(format!("connecting to {broker}"), opts.connect_timeout))?
             .map_err(io_err)?;
         stream.set_nodelay(true).map_err(io_err)?;
+        connected();
         Self::start(stream, broker, opts).await
     }
 

@@ -552,11 +552,12 @@ impl Driver {
             if let Some(req) = req {
                 self.metadata_in_flight = true;
                 self.metadata_wanted = false;
+                self.pool
+                    .want_spares(self.fetch.lanes_for(self.fetch.assigned()));
                 let pool = Arc::clone(&self.pool);
                 self.inflight.push(Box::pin(async move {
                     let res = async {
                         let conn = pool.any().await?;
-                        pool.open_spare(&conn);
                         let v = conn.version(versions::METADATA)?;
                         conn.request(&req, v, Duration::ZERO).await
                     }
@@ -568,15 +569,17 @@ impl Driver {
         for plan in self.fetch.plan_list_offsets(std_now, &self.meta) {
             let req = self.fetch.list_offsets_request(&plan);
             let pool = Arc::clone(&self.pool);
-            // The partitions' first Fetch goes to the same leader on its data connection:
-            // connect it (and negotiate its versions) while ListOffsets is answered, instead of
-            // after. A failure here is met again, and reported, by that Fetch.
-            let warm = Arc::clone(&pool);
-            let node = plan.node;
-            self.inflight.push(Box::pin(async move {
-                let _ = warm.get(ConnKey::Data((node, 0))).await;
-                Completion::Answered
-            }));
+            // The partitions' first Fetches go to the same leader on its data connections:
+            // connect them (and negotiate their versions) while ListOffsets is answered,
+            // instead of after. A failure here is met again, and reported, by a Fetch.
+            for lane in 0..self.fetch.lanes_for(plan.partitions()) {
+                let warm = Arc::clone(&pool);
+                let node = plan.node;
+                self.inflight.push(Box::pin(async move {
+                    let _ = warm.get(ConnKey::Data((node, lane))).await;
+                    Completion::Answered
+                }));
+            }
             self.inflight.push(Box::pin(async move {
                 let res = async {
                     let conn = pool.get(ConnKey::Control(plan.node)).await?;

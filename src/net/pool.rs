@@ -8,13 +8,14 @@
 //!
 //! Start-up takes no more connections than it needs, and no more round trips: once metadata
 //! names the node at a bootstrap address, that node's control connection is the bootstrap
-//! connection itself, and its data connection is a spare that was opened to the same address
-//! while the first Metadata request was out ([`Pool::open_spare`]). So the first ListOffsets goes
-//! out as soon as metadata is in, and the first Fetch does not wait for a connection and its
-//! ApiVersions exchange.
+//! connection itself, and its data connections are spares opened to the same address as soon
+//! as the first bootstrap connection's TCP handshake is done, while it negotiates its versions
+//! and carries the first Metadata request ([`Pool::want_spares`]). So the first Fetch on each
+//! of them does not wait for a connection and its ApiVersions exchange.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 use tokio::task::AbortHandle;
@@ -40,9 +41,9 @@ pub(crate) enum ConnKey {
     Group(i32),
     /// A bootstrap address, by index, before metadata named the nodes.
     Bootstrap(usize),
-    /// A second connection to the bootstrap address that answered the first Metadata request,
-    /// for the node metadata finds there to take as its data connection.
-    Spare,
+    /// A further connection to the first bootstrap address connected to, for the node
+    /// metadata finds there to take as its data connection of this index.
+    Spare(u8),
 }
 
 #[derive(Default)]
@@ -59,13 +60,15 @@ pub(crate) struct Pool {
     bootstrap: Vec<String>,
     nodes: Mutex<HashMap<i32, String>>,
     slots: Mutex<HashMap<ConnKey, Arc<tokio::sync::Mutex<Slot>>>>,
-    /// The task opening the spare, stopped with the pool.
-    spare_task: Mutex<Option<AbortHandle>>,
+    /// How many spares the first bootstrap connection brings along.
+    spares: AtomicU8,
+    /// The tasks opening the spares, stopped with the pool.
+    spare_tasks: Mutex<Vec<AbortHandle>>,
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let Some(task) = self.spare_task.lock().take() {
+        for task in self.spare_tasks.lock().drain(..) {
             task.abort();
         }
     }
@@ -87,7 +90,8 @@ impl Pool {
             bootstrap,
             nodes: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
-            spare_task: Mutex::new(None),
+            spares: AtomicU8::new(0),
+            spare_tasks: Mutex::new(Vec::new()),
         }
     }
 
@@ -122,8 +126,8 @@ impl Pool {
                     .ok_or_else(|| Error::NoBroker(format!("no bootstrap address {i}")))?;
                 Ok((addr.clone(), BrokerRef::Address(addr)))
             }
-            ConnKey::Spare => Err(Error::NoBroker(
-                "the spare connection is only opened by Pool::open_spare".to_owned(),
+            ConnKey::Spare(_) => Err(Error::NoBroker(
+                "a spare connection is only opened beside a bootstrap connection".to_owned(),
             )),
         }
     }
@@ -153,7 +157,12 @@ impl Pool {
             tokio::time::sleep_until(at).await;
         }
         let (addr, broker) = self.target(key)?;
-        match Connection::connect(&addr, broker, self.opts.clone()).await {
+        let connected = || {
+            if matches!(key, ConnKey::Bootstrap(_)) {
+                self.open_spares(&addr);
+            }
+        };
+        match Connection::connect_then(&addr, broker, self.opts.clone(), connected).await {
             Ok(c) => {
                 let c = Arc::new(c);
                 slot.conn = Some(Arc::clone(&c));
@@ -171,9 +180,9 @@ impl Pool {
     }
 
     /// A live connection already open to the address of `key`'s node, taken over for `key`: for
-    /// a control connection the bootstrap connection to that address, for its first data
-    /// connection the spare (waiting for it if it is still connecting). `None` for any other key, or if there
-    /// is none.
+    /// a control connection the bootstrap connection to that address, for a data connection
+    /// the spare of its index (waiting for it if it is still connecting). `None` for any other
+    /// key, or if there is none.
     async fn adopt(&self, key: ConnKey) -> Option<Arc<Connection>> {
         let (from, addr) = match key {
             ConnKey::Control(id) => {
@@ -181,10 +190,8 @@ impl Pool {
                 let i = self.bootstrap.iter().position(|b| *b == addr)?;
                 (ConnKey::Bootstrap(i), addr)
             }
-            ConnKey::Data((id, 0)) => (ConnKey::Spare, self.node_addr(id)?),
-            ConnKey::Data(..) | ConnKey::Group(_) | ConnKey::Bootstrap(_) | ConnKey::Spare => {
-                return None;
-            }
+            ConnKey::Data((id, lane)) => (ConnKey::Spare(lane), self.node_addr(id)?),
+            ConnKey::Group(_) | ConnKey::Bootstrap(_) | ConnKey::Spare(_) => return None,
         };
         let slot = self.slots.lock().get(&from).map(Arc::clone)?;
         let mut slot = slot.lock().await;
@@ -199,40 +206,44 @@ impl Pool {
         Some(c)
     }
 
-    /// Opens the spare: a second connection to `conn`'s address, for the node metadata finds
-    /// there to take as its data connection. Only the first time, while no node is known, and
-    /// only for a bootstrap connection; call it with the connection the first Metadata request
-    /// goes on, before sending it. The spare's slot is held from this call on, so a data
-    /// connection asked for once that metadata is in waits for the spare rather than racing it.
-    /// The spare carries nothing until a node takes it: a spare that no node takes stays idle.
-    pub(crate) fn open_spare(&self, conn: &Connection) {
-        let BrokerRef::Address(addr) = conn.broker() else {
-            return;
-        };
+    /// How many data connections the node at the first bootstrap address will want at start-up,
+    /// to be opened beside that bootstrap connection as spares (none until this is called).
+    /// Call it before the request that connects first.
+    pub(crate) fn want_spares(&self, count: u8) {
+        self.spares.store(count, Ordering::Relaxed);
+    }
+
+    /// Opens the spares to `addr`, the address a bootstrap connection was just made to: only
+    /// while no node is known, and one try per spare and pool. A spare's slot is held from
+    /// this call on, so a data connection asked for once metadata is in waits for its spare
+    /// rather than racing it. A spare carries nothing until a node takes it: one that no node
+    /// takes stays idle.
+    fn open_spares(&self, addr: &str) {
         if !self.nodes.lock().is_empty() {
             return;
         }
-        // The spare's slot exists from its first try on: there is one try per pool.
-        let slot = {
-            let mut slots = self.slots.lock();
-            if slots.contains_key(&ConnKey::Spare) {
-                return;
-            }
-            Arc::clone(slots.entry(ConnKey::Spare).or_default())
-        };
-        let Ok(mut slot) = slot.try_lock_owned() else {
-            return;
-        };
-        let addr = addr.clone();
-        let opts = self.opts.clone();
-        let task = tokio::spawn(async move {
-            let broker = BrokerRef::Address(addr.clone());
-            match Connection::connect(&addr, broker, opts).await {
-                Ok(c) => slot.conn = Some(Arc::new(c)),
-                Err(e) => tracing::debug!(error = %e, %addr, "spare connection failed"),
-            }
-        });
-        *self.spare_task.lock() = Some(task.abort_handle());
+        for lane in 0..self.spares.load(Ordering::Relaxed) {
+            let slot = {
+                let mut slots = self.slots.lock();
+                if slots.contains_key(&ConnKey::Spare(lane)) {
+                    continue;
+                }
+                Arc::clone(slots.entry(ConnKey::Spare(lane)).or_default())
+            };
+            let Ok(mut slot) = slot.try_lock_owned() else {
+                continue;
+            };
+            let addr = addr.to_owned();
+            let opts = self.opts.clone();
+            let task = tokio::spawn(async move {
+                let broker = BrokerRef::Address(addr.clone());
+                match Connection::connect(&addr, broker, opts).await {
+                    Ok(c) => slot.conn = Some(Arc::new(c)),
+                    Err(e) => tracing::debug!(error = %e, %addr, lane, "spare connection failed"),
+                }
+            });
+            self.spare_tasks.lock().push(task.abort_handle());
+        }
     }
 
     fn in_backoff(&self, key: ConnKey, now: Instant) -> bool {
@@ -256,7 +267,7 @@ impl Pool {
                 .lock()
                 .iter()
                 .filter(|(k, _)| {
-                    !matches!(k, ConnKey::Data(..) | ConnKey::Group(_) | ConnKey::Spare)
+                    !matches!(k, ConnKey::Data(..) | ConnKey::Group(_) | ConnKey::Spare(_))
                 })
                 .map(|(_, s)| Arc::clone(s))
                 .collect();

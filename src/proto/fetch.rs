@@ -189,6 +189,13 @@ pub(crate) struct FetchPlan {
     pub(crate) max_bytes: i32,
 }
 
+impl ListPlan {
+    /// How many partitions it lists.
+    pub(crate) fn partitions(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 impl FetchPlan {
     /// The data connection that carries it.
     pub(crate) fn connection(&self) -> Lane {
@@ -356,6 +363,18 @@ impl FetchState {
                 && !matches!(s.position, Position::Failed)
                 && meta.leader(&tp.topic, tp.partition).is_none()
         })
+    }
+
+    /// How many partitions are assigned.
+    pub(crate) fn assigned(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// How many data connections `partitions` partitions of one leader take:
+    /// `fetch.connections.per.broker`, no more than there are partitions, at least one.
+    pub(crate) fn lanes_for(&self, partitions: usize) -> u8 {
+        let partitions = u8::try_from(partitions).unwrap_or(u8::MAX).max(1);
+        self.cfg.connections_per_broker.clamp(1, partitions)
     }
 
     /// ListOffsets requests for partitions whose start position is unresolved.
