@@ -30,6 +30,15 @@ pub enum BrokerRef {
     },
 }
 
+impl BrokerRef {
+    /// The address, as named when connecting.
+    pub(crate) fn addr(&self) -> &str {
+        match self {
+            Self::Address(addr) | Self::Node { addr, .. } => addr,
+        }
+    }
+}
+
 impl fmt::Display for BrokerRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

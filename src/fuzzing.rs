@@ -1649,6 +1649,84 @@ fn fetch_records(r: &mut Bytes8<'_>, at: i64) -> Option<Bytes> {
     Some(buf.freeze())
 }
 
+/// An answer to a ListOffsets for `entries`: a transport error, or any offset and error code
+/// for each partition, some left out, maybe one not asked for.
+fn list_offsets_answer(
+    r: &mut Bytes8<'_>,
+    entries: &[(TopicPartition, u64)],
+) -> Result<kafka_protocol::messages::ListOffsetsResponse, Error> {
+    use kafka_protocol::messages::ListOffsetsResponse;
+    use kafka_protocol::messages::list_offsets_response::{
+        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+    };
+    if r.u8() % 8 == 0 {
+        return Err(transport_error());
+    }
+    let mut asked: Vec<TopicPartition> = entries.iter().map(|e| e.0.clone()).collect();
+    if r.u8() % 4 == 0 {
+        asked.push(fetch_tp(r.u8()));
+    }
+    let mut topics: Vec<ListOffsetsTopicResponse> = Vec::new();
+    for tp in asked {
+        if r.u8() % 8 == 0 {
+            continue;
+        }
+        let offset = match r.u8() % 4 {
+            0 => i64::from(r.u8() as i8),
+            _ => i64::from(r.u8()),
+        };
+        let p = ListOffsetsPartitionResponse::default()
+            .with_partition_index(tp.partition)
+            .with_error_code(fetch_code(r.u8()))
+            .with_offset(offset);
+        match topics.iter_mut().find(|t| t.name.0.as_str() == &*tp.topic) {
+            Some(t) => t.partitions.push(p),
+            None => topics.push(
+                ListOffsetsTopicResponse::default()
+                    .with_name(topic_name(&tp.topic))
+                    .with_partitions(vec![p]),
+            ),
+        }
+    }
+    Ok(ListOffsetsResponse::default().with_topics(topics))
+}
+
+/// What a ListOffsets answer does to each partition of `entries` still waiting for it and
+/// `taken` from it, found the way the machine finds it (the first matching entry): an offset
+/// without an error resolves it (a negative one sends it to the end).
+fn list_offsets_model(
+    model: &mut std::collections::BTreeMap<TopicPartition, ModelPart>,
+    entries: &[(TopicPartition, u64)],
+    result: &Result<kafka_protocol::messages::ListOffsetsResponse, Error>,
+    taken: impl Fn(&TopicPartition) -> bool,
+) {
+    let Ok(resp) = result else { return };
+    for (tp, generation) in entries {
+        let Some(m) = model.get_mut(tp) else { continue };
+        if m.generation != *generation || m.failed || !taken(tp) {
+            continue;
+        }
+        let ModelPos::Unresolved(_) = m.pos else {
+            continue;
+        };
+        let found = resp
+            .topics
+            .iter()
+            .filter(|t| t.name.0.as_str() == &*tp.topic)
+            .flat_map(|t| t.partitions.iter())
+            .find(|p| p.partition_index == tp.partition);
+        if let Some(p) = found
+            && p.error_code == 0
+        {
+            m.pos = if p.offset < 0 {
+                ModelPos::Unresolved(-1)
+            } else {
+                ModelPos::At(p.offset)
+            };
+        }
+    }
+}
+
 /// A partition in a planned request: assigned, not paused or failed, at the model's `pos`, and
 /// sent to its leader at the leader's epoch (`sent_to`: node and epoch). Returns its model.
 fn check_planned<'a>(
@@ -1677,6 +1755,7 @@ fn check_planned<'a>(
 /// timestamp; restored or not), seeks, pauses, time passing, metadata changes (leaders moving
 /// between nodes 0..=2, none, an unknown node; topic ids changing; topics disappearing),
 /// ListOffsets and Fetch plans and their answers in any order (any error code, any offset,
+/// ListOffsets sent ahead of metadata and answered by a leader or not,
 /// partitions left out or not asked for, record batches at, below or above the fetch offset,
 /// cut short or corrupted, garbage, transport errors), the consumer failing a partition, and
 /// the consumer decoding the chunks handed out.
@@ -1691,13 +1770,10 @@ fn check_planned<'a>(
 /// OFFSET_OUT_OF_RANGE); records handed out within `[fetch_offset, next_offset)`; and a chunk's
 /// bytes a prefix of what the response carried for that partition.
 pub fn fetch_session(data: &[u8]) {
+    use kafka_protocol::messages::ProducerId;
     use kafka_protocol::messages::fetch_response::{
         AbortedTransaction, FetchableTopicResponse, PartitionData,
     };
-    use kafka_protocol::messages::list_offsets_response::{
-        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
-    };
-    use kafka_protocol::messages::{ListOffsetsResponse, ProducerId};
     use std::collections::{BTreeMap, HashMap, VecDeque};
 
     /// Bytes fetched and not yet decoded, plus bytes reserved by fetches out, at most.
@@ -1739,6 +1815,8 @@ pub fn fetch_session(data: &[u8]) {
     let mut buffered = 0usize;
     let mut fetches: Vec<FetchOut> = Vec::new();
     let mut lists: Vec<ListOut> = Vec::new();
+    // A ListOffsets sent right behind a Metadata request, answered with the metadata.
+    let mut ahead: Option<(crate::proto::fetch::AheadPlan, Vec<(TopicPartition, u64)>)> = None;
     // Partitions in a request out (Fetch or ListOffsets).
     let mut out: HashSet<TopicPartition> = HashSet::new();
     // The consumer's queue: chunks handed out and not decoded to their end, with their range
@@ -1750,8 +1828,37 @@ pub fn fetch_session(data: &[u8]) {
         steps += 1;
         match r.u8() % 16 {
             0..=2 => {
-                // The loop's turn: ListOffsets first, then one Fetch per idle data connection
-                // within the budget.
+                // The loop's turn: a Metadata request while a leader is missing, with ListOffsets
+                // right behind it for the partitions with no leader, then ListOffsets, then one
+                // Fetch per idle data connection within the budget.
+                if ahead.is_none() && f.needs_metadata(&meta) && r.bool() {
+                    if let Some(plan) = f.plan_list_offsets_ahead(now, &meta) {
+                        let req = f.list_offsets_request_ahead(&plan);
+                        let mut entries = Vec::new();
+                        for t in &req.topics {
+                            for p in &t.partitions {
+                                let tp = TopicPartition::new(t.name.0.as_str(), p.partition_index);
+                                let m = model
+                                    .get(&tp)
+                                    .unwrap_or_else(|| panic!("ListOffsets ahead for {tp}"));
+                                assert!(
+                                    !m.paused && !m.failed,
+                                    "ListOffsets ahead for {tp}: {m:?}"
+                                );
+                                assert_eq!(m.pos, ModelPos::Unresolved(p.timestamp), "{tp}");
+                                assert_eq!(p.current_leader_epoch, -1, "{tp}");
+                                assert!(
+                                    meta.leader(&tp.topic, tp.partition).is_none(),
+                                    "ListOffsets ahead for {tp}, whose leader is known"
+                                );
+                                assert!(out.insert(tp.clone()), "{tp} in two requests");
+                                entries.push((tp, m.generation));
+                            }
+                        }
+                        assert!(!entries.is_empty(), "an empty ListOffsets ahead");
+                        ahead = Some((plan, entries));
+                    }
+                }
                 // In node order, entries in partition order: the machine's come from hash maps,
                 // and an input must replay the same way.
                 let mut planned = f.plan_list_offsets(now, &meta);
@@ -1853,66 +1960,8 @@ pub fn fetch_session(data: &[u8]) {
                 for (tp, _) in &entries {
                     out.remove(tp);
                 }
-                let result = if r.u8() % 8 == 0 {
-                    Err(transport_error())
-                } else {
-                    let mut asked: Vec<TopicPartition> =
-                        entries.iter().map(|e| e.0.clone()).collect();
-                    if r.u8() % 4 == 0 {
-                        asked.push(fetch_tp(r.u8()));
-                    }
-                    let mut topics: Vec<ListOffsetsTopicResponse> = Vec::new();
-                    for tp in asked {
-                        if r.u8() % 8 == 0 {
-                            continue;
-                        }
-                        let offset = match r.u8() % 4 {
-                            0 => i64::from(r.u8() as i8),
-                            _ => i64::from(r.u8()),
-                        };
-                        let p = ListOffsetsPartitionResponse::default()
-                            .with_partition_index(tp.partition)
-                            .with_error_code(fetch_code(r.u8()))
-                            .with_offset(offset);
-                        match topics.iter_mut().find(|t| t.name.0.as_str() == &*tp.topic) {
-                            Some(t) => t.partitions.push(p),
-                            None => topics.push(
-                                ListOffsetsTopicResponse::default()
-                                    .with_name(topic_name(&tp.topic))
-                                    .with_partitions(vec![p]),
-                            ),
-                        }
-                    }
-                    Ok(ListOffsetsResponse::default().with_topics(topics))
-                };
-                // What the answer does to each partition still waiting for it, found the way the
-                // machine finds it (the first matching entry).
-                if let Ok(resp) = &result {
-                    for (tp, generation) in &entries {
-                        let Some(m) = model.get_mut(tp) else { continue };
-                        if m.generation != *generation || m.failed {
-                            continue;
-                        }
-                        let ModelPos::Unresolved(_) = m.pos else {
-                            continue;
-                        };
-                        let found = resp
-                            .topics
-                            .iter()
-                            .filter(|t| t.name.0.as_str() == &*tp.topic)
-                            .flat_map(|t| t.partitions.iter())
-                            .find(|p| p.partition_index == tp.partition);
-                        if let Some(p) = found
-                            && p.error_code == 0
-                        {
-                            m.pos = if p.offset < 0 {
-                                ModelPos::Unresolved(-1)
-                            } else {
-                                ModelPos::At(p.offset)
-                            };
-                        }
-                    }
-                }
+                let result = list_offsets_answer(&mut r, &entries);
+                list_offsets_model(&mut model, &entries, &result, |_| true);
                 let outcome = f.handle_list_offsets(plan, result, now);
                 for event in outcome.events {
                     match event {
@@ -2137,6 +2186,23 @@ pub fn fetch_session(data: &[u8]) {
                 if b & 8 == 0 {
                     let omit = if b & 16 == 0 { 0 } else { r.u8() };
                     let _ = meta.handle_response(&cluster.response(omit));
+                    // The ListOffsets behind the Metadata request, answered by the broker at
+                    // node 0..=2, or at an address no node has.
+                    if let Some((plan, entries)) = ahead.take() {
+                        for (tp, _) in &entries {
+                            out.remove(tp);
+                        }
+                        let answered_by =
+                            [None, Some(0), Some(1), Some(2)][usize::from(r.u8() % 4)];
+                        let result = list_offsets_answer(&mut r, &entries);
+                        let leads = |tp: &TopicPartition| {
+                            answered_by.is_some()
+                                && meta.leader(&tp.topic, tp.partition).map(|l| l.node)
+                                    == answered_by
+                        };
+                        list_offsets_model(&mut model, &entries, &result, leads);
+                        f.handle_list_offsets_ahead(plan, result, &meta, answered_by);
+                    }
                 }
             }
             10 => {

@@ -211,11 +211,14 @@ async fn out_of_range_offsets() {
 /// Start-up against one broker takes two connections, not three: once metadata names the node
 /// at the bootstrap address, the bootstrap connection becomes its control connection (it
 /// carries ListOffsets), and the spare opened to the same address beside it becomes its data
-/// connection, which carries nothing but ApiVersions and Fetch. A recording proxy in front of
-/// the broker counts the connections and sorts the answers by connection.
+/// connection, which carries nothing but ApiVersions and Fetch. ListOffsets goes right behind
+/// the first Metadata request, before its answer, and its answer is taken: it is sent once. A
+/// recording proxy in front of the broker counts the connections and sorts the answers by
+/// connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     use kafka_protocol::messages::ApiKey;
+    use protocol_tests::proxy::Passed::{Request, Response};
     use protocol_tests::proxy::RecordingProxy;
 
     let Some(cluster) = single_broker("start_up_takes_over_the_bootstrap_connection_and_a_spare")
@@ -248,6 +251,26 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     consumer.close().await;
 
     assert_eq!(proxy.connections(), 2, "connections opened");
+    let on_control = proxy.passed_on(0);
+    assert_eq!(
+        on_control.get(..6),
+        Some(
+            &[
+                Request(ApiKey::ApiVersions),
+                Response(ApiKey::ApiVersions),
+                Request(ApiKey::Metadata),
+                Request(ApiKey::ListOffsets),
+                Response(ApiKey::Metadata),
+                Response(ApiKey::ListOffsets),
+            ][..]
+        ),
+        "what passed on the control connection: {on_control:?}"
+    );
+    let listed = on_control
+        .iter()
+        .filter(|p| **p == Request(ApiKey::ListOffsets))
+        .count();
+    assert_eq!(listed, 1, "ListOffsets requests: {on_control:?}");
     let control = vec![ApiKey::ApiVersions, ApiKey::Metadata, ApiKey::ListOffsets];
     let data = vec![ApiKey::ApiVersions, ApiKey::Fetch];
     assert_eq!(

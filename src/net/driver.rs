@@ -32,7 +32,9 @@ use crate::net::inflight::InFlight;
 use crate::net::pool::{ConnKey, Pool};
 use crate::proto::commit::{self, Action, Committer, Finished};
 use crate::proto::crc_scan::Checked;
-use crate::proto::fetch::{Chunk, FetchEvent, FetchPlan, FetchState, Lane, ListPlan, Outcome};
+use crate::proto::fetch::{
+    AheadPlan, Chunk, FetchEvent, FetchPlan, FetchState, Lane, ListPlan, Outcome,
+};
 use crate::proto::group::Membership;
 use crate::proto::metadata::{Metadata, TopicProblem};
 use crate::proto::versions;
@@ -178,7 +180,13 @@ pub(crate) enum Delivery {
 }
 
 enum Completion {
-    Metadata(Result<MetadataResponse>),
+    /// A Metadata answer, the address that gave it, and the answer to a ListOffsets sent right
+    /// behind it.
+    Metadata {
+        res: Result<MetadataResponse>,
+        at: Option<String>,
+        ahead: Option<(AheadPlan, Result<ListOffsetsResponse>)>,
+    },
     List(ListPlan, Result<ListOffsetsResponse>),
     Fetch(FetchPlan, Result<(FetchResponse, Checked)>),
     FindCoordinator(u64, Result<FindCoordinatorResponse>),
@@ -552,17 +560,44 @@ impl Driver {
             if let Some(req) = req {
                 self.metadata_in_flight = true;
                 self.metadata_wanted = false;
+                let ahead = self.fetch.plan_list_offsets_ahead(std_now, &self.meta);
+                let list_req = ahead
+                    .as_ref()
+                    .map(|plan| self.fetch.list_offsets_request_ahead(plan));
                 self.pool
                     .want_spares(self.fetch.lanes_for(self.fetch.assigned()));
                 let pool = Arc::clone(&self.pool);
                 self.inflight.push(Box::pin(async move {
-                    let res = async {
-                        let conn = pool.any().await?;
+                    let conn = match pool.any().await {
+                        Ok(conn) => conn,
+                        Err(e) => {
+                            return Completion::Metadata {
+                                res: Err(e),
+                                at: None,
+                                ahead: ahead.map(|plan| (plan, Err(Error::Closed))),
+                            };
+                        }
+                    };
+                    let metadata = async {
                         let v = conn.version(versions::METADATA)?;
                         conn.request(&req, v, Duration::ZERO).await
+                    };
+                    // `join!` polls the Metadata request first, so it is written first and
+                    // ListOffsets right behind it.
+                    let listed = async {
+                        let req = list_req?;
+                        let listed = async {
+                            let v = conn.version(versions::LIST_OFFSETS)?;
+                            conn.request(&req, v, Duration::ZERO).await
+                        };
+                        Some(listed.await)
+                    };
+                    let (res, listed) = futures::join!(metadata, listed);
+                    Completion::Metadata {
+                        res,
+                        at: Some(conn.broker().addr().to_owned()),
+                        ahead: ahead.map(|plan| (plan, listed.unwrap_or(Err(Error::Closed)))),
                     }
-                    .await;
-                    Completion::Metadata(res)
                 }));
             }
         }
@@ -710,7 +745,7 @@ impl Driver {
                     self.finish_commit(f);
                 }
             }
-            Completion::Metadata(res) => {
+            Completion::Metadata { res, at, ahead } => {
                 self.metadata_in_flight = false;
                 match res {
                     Ok(resp) => {
@@ -753,6 +788,17 @@ impl Driver {
                         self.metadata_not_before = Instant::now() + delay;
                         tracing::debug!(error = %e, "metadata request failed");
                     }
+                }
+                if let Some((plan, listed)) = ahead {
+                    let answered_by = at.and_then(|at| {
+                        self.meta
+                            .brokers()
+                            .iter()
+                            .find_map(|(&id, addr)| (*addr == at).then_some(id))
+                    });
+                    self.fetch
+                        .handle_list_offsets_ahead(plan, listed, &self.meta, answered_by);
+                    self.answer_start_waiters();
                 }
             }
             Completion::List(plan, res) => {

@@ -126,11 +126,46 @@ impl PartitionState {
         !self.paused && self.retry_at.is_none_or(|t| t <= now)
     }
 
+    /// Takes the offset a ListOffsets answer gave without an error.
+    fn listed(&mut self, offset: i64) {
+        if offset < 0 {
+            // A timestamp after every record: start at the end, as documented.
+            self.position = Position::Unresolved(StartPosition::Latest);
+            return;
+        }
+        self.failures = 0;
+        self.retry_at = None;
+        self.position = Position::Fetching(offset);
+        self.start = Some(offset);
+    }
+
     fn back_off(&mut self, now: Instant, base: Duration) {
         self.failures = self.failures.saturating_add(1);
         let factor = 1u32 << self.failures.min(5);
         self.retry_at = Some(now + (base * factor).min(Duration::from_secs(2)));
     }
+}
+
+/// The ListOffsets timestamp for a start position; `None` for an offset, which needs none.
+fn list_timestamp(start: StartPosition) -> Option<i64> {
+    match start {
+        StartPosition::Earliest => Some(-2),
+        StartPosition::Latest => Some(-1),
+        StartPosition::Timestamp(ts) => Some(ts.max(0)),
+        StartPosition::Offset(_) => None,
+    }
+}
+
+/// A partition's answer in a ListOffsets response.
+fn listed<'a>(
+    resp: &'a ListOffsetsResponse,
+    tp: &TopicPartition,
+) -> Option<&'a kafka_protocol::messages::list_offsets_response::ListOffsetsPartitionResponse> {
+    resp.topics
+        .iter()
+        .filter(|t| t.name.0.as_str() == &*tp.topic)
+        .flat_map(|t| t.partitions.iter())
+        .find(|p| p.partition_index == tp.partition)
 }
 
 /// Fetched data of one partition, for the consumer to decode and hand out.
@@ -170,6 +205,12 @@ pub(crate) struct ListPlan {
     pub(crate) node: i32,
     entries: Vec<ListEntry>,
 }
+
+/// A ListOffsets request sent ahead of the metadata that names the partitions' leaders: on the
+/// connection that carries the Metadata request, right behind it (see
+/// [`FetchState::plan_list_offsets_ahead`]).
+#[derive(Clone, Debug)]
+pub(crate) struct AheadPlan(ListPlan);
 
 #[derive(Clone, Debug)]
 struct ListEntry {
@@ -390,11 +431,8 @@ impl FetchState {
             let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
                 continue;
             };
-            let timestamp = match start {
-                StartPosition::Earliest => -2,
-                StartPosition::Latest => -1,
-                StartPosition::Timestamp(ts) => ts.max(0),
-                StartPosition::Offset(_) => continue,
+            let Some(timestamp) = list_timestamp(start) else {
+                continue;
             };
             self.in_flight.insert(tp.clone());
             by_node.entry(leader.node).or_default().push(ListEntry {
@@ -408,6 +446,96 @@ impl FetchState {
             .into_iter()
             .map(|(node, entries)| ListPlan { node, entries })
             .collect()
+    }
+
+    /// ListOffsets for partitions whose start position is unresolved and whose leader
+    /// metadata does not name yet, to go to the broker that answers the Metadata request that
+    /// will name it, right behind that request on its connection. A broker answers a
+    /// connection's requests in order, so the answer comes right after the metadata, a round
+    /// trip earlier than a ListOffsets sent once the metadata is in. A broker answers
+    /// ListOffsets only for partitions it leads; the answers are taken only for partitions
+    /// that the metadata, answered just before by the same broker, says it leads (see
+    /// [`handle_list_offsets_ahead`](Self::handle_list_offsets_ahead)). `None` if no
+    /// partition is waiting so.
+    pub(crate) fn plan_list_offsets_ahead(
+        &mut self,
+        now: Instant,
+        meta: &Metadata,
+    ) -> Option<AheadPlan> {
+        let mut entries = Vec::new();
+        for (tp, s) in &self.parts {
+            let Position::Unresolved(start) = s.position else {
+                continue;
+            };
+            if !s.ready(now)
+                || self.in_flight.contains(tp)
+                || meta.leader(&tp.topic, tp.partition).is_some()
+            {
+                continue;
+            }
+            let Some(timestamp) = list_timestamp(start) else {
+                continue;
+            };
+            entries.push(ListEntry {
+                tp: tp.clone(),
+                generation: s.generation,
+                // Unknown until the metadata is in: the broker does not check it.
+                leader_epoch: -1,
+                timestamp,
+            });
+        }
+        if entries.is_empty() {
+            return None;
+        }
+        entries.sort_by(|a, b| a.tp.cmp(&b.tp));
+        for e in &entries {
+            self.in_flight.insert(e.tp.clone());
+        }
+        Some(AheadPlan(ListPlan { node: -1, entries }))
+    }
+
+    /// The ListOffsets request for a plan made ahead of the metadata.
+    pub(crate) fn list_offsets_request_ahead(&self, plan: &AheadPlan) -> ListOffsetsRequest {
+        self.list_offsets_request(&plan.0)
+    }
+
+    /// Applies the outcome of a ListOffsets sent ahead of the metadata, once that metadata is
+    /// in `meta`. `answered_by` is the node at the address that answered both, if the metadata
+    /// names one there. An offset is taken only for a partition that node leads, and only if
+    /// it came without an error; every other partition is left as it was before the plan,
+    /// with no back-off, for [`plan_list_offsets`](Self::plan_list_offsets) to ask its leader.
+    pub(crate) fn handle_list_offsets_ahead(
+        &mut self,
+        AheadPlan(plan): AheadPlan,
+        result: Result<ListOffsetsResponse, Error>,
+        meta: &Metadata,
+        answered_by: Option<i32>,
+    ) {
+        for entry in &plan.entries {
+            self.in_flight.remove(&entry.tp);
+        }
+        let (Ok(resp), Some(node)) = (result, answered_by) else {
+            return;
+        };
+        for entry in plan.entries {
+            let leads = meta
+                .leader(&entry.tp.topic, entry.tp.partition)
+                .is_some_and(|l| l.node == node);
+            if !leads {
+                continue;
+            }
+            let Some(s) = self.current(&entry.tp, entry.generation) else {
+                continue;
+            };
+            if !matches!(s.position, Position::Unresolved(_)) {
+                continue;
+            }
+            if let Some(p) = listed(&resp, &entry.tp)
+                && p.error_code == 0
+            {
+                s.listed(p.offset);
+            }
+        }
     }
 
     /// The ListOffsets request for a plan.
@@ -464,13 +592,7 @@ impl FetchState {
                 // seek.
                 continue;
             }
-            let found = resp
-                .topics
-                .iter()
-                .filter(|t| t.name.0.as_str() == &*entry.tp.topic)
-                .flat_map(|t| t.partitions.iter())
-                .find(|p| p.partition_index == entry.tp.partition);
-            let Some(p) = found else {
+            let Some(p) = listed(&resp, &entry.tp) else {
                 s.back_off(now, retry_backoff);
                 continue;
             };
@@ -496,15 +618,7 @@ impl FetchState {
                 }
                 continue;
             }
-            if p.offset < 0 {
-                // A timestamp after every record: start at the end, as documented.
-                s.position = Position::Unresolved(StartPosition::Latest);
-                continue;
-            }
-            s.failures = 0;
-            s.retry_at = None;
-            s.position = Position::Fetching(p.offset);
-            s.start = Some(p.offset);
+            s.listed(p.offset);
         }
         out
     }
@@ -1340,6 +1454,153 @@ mod tests {
         let plan = single(f.plan_list_offsets(now, &m));
         f.seek(&tp(0), StartPosition::Latest, 2);
         f.handle_list_offsets(plan, Err(Error::Closed), now);
+        let plan = single(f.plan_list_offsets(now, &m));
+        assert_eq!(
+            f.list_offsets_request(&plan).topics[0].partitions[0].timestamp,
+            -1
+        );
+    }
+
+    /// A ListOffsets answer for partitions of "t": `(partition, error code, offset)`.
+    fn list_answers(parts: &[(i32, i16, i64)]) -> Result<ListOffsetsResponse, Error> {
+        Ok(ListOffsetsResponse::default().with_topics(vec![
+            ListOffsetsTopicResponse::default()
+                .with_name(topic_name("t"))
+                .with_partitions(
+                    parts
+                        .iter()
+                        .map(|&(p, code, offset)| {
+                            ListOffsetsPartitionResponse::default()
+                                .with_partition_index(p)
+                                .with_error_code(code)
+                                .with_offset(offset)
+                        })
+                        .collect(),
+                ),
+        ]))
+    }
+
+    /// Before metadata names a leader, the partitions to be listed go in one request sent ahead
+    /// of it, without a leader epoch; partitions with an offset need none, and a partition in
+    /// that request is in no other until its answer is in.
+    #[test]
+    fn list_offsets_ahead_of_metadata_asks_for_every_unresolved_partition() {
+        let now = Instant::now();
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(
+            vec![
+                (tp(0), StartPosition::Earliest, 1),
+                (tp(1), StartPosition::Latest, 1),
+                (tp(2), StartPosition::Offset(4), 1),
+            ],
+            false,
+        );
+        let none = Metadata::default();
+        let plan = f.plan_list_offsets_ahead(now, &none).expect("a plan");
+        let req = f.list_offsets_request_ahead(&plan);
+        let asked: Vec<(i32, i32, i64)> = req.topics[0]
+            .partitions
+            .iter()
+            .map(|p| (p.partition_index, p.current_leader_epoch, p.timestamp))
+            .collect();
+        assert_eq!(asked, [(0, -1, -2), (1, -1, -1)]);
+        assert!(
+            f.plan_list_offsets_ahead(now, &none).is_none(),
+            "asked twice"
+        );
+        // Metadata is in: the partitions are still out ahead of it.
+        let m = meta_with(&[1, 1, 1]);
+        assert!(f.plan_list_offsets(now, &m).is_empty(), "two ListOffsets");
+        // Once a leader is known, nothing goes ahead of metadata.
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Earliest, 1)], false);
+        assert!(f.plan_list_offsets_ahead(now, &m).is_none());
+    }
+
+    /// An answer sent ahead of metadata is taken for the partitions that the metadata, from the
+    /// same broker, says it leads, and only where it has no error. Every other partition is
+    /// listed again at once by its leader, with no back-off, as is every partition when the
+    /// request failed or no node is known at the address that answered.
+    #[test]
+    fn list_offsets_ahead_of_metadata_is_taken_only_from_the_leader() {
+        let now = Instant::now();
+        let m = meta_with(&[1, 2, 1, 1]);
+        let assign = |f: &mut FetchState| {
+            f.assign(
+                (0..4)
+                    .map(|p| (tp(p), StartPosition::Earliest, 1))
+                    .collect(),
+                false,
+            );
+        };
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        assign(&mut f);
+        let plan = f
+            .plan_list_offsets_ahead(now, &Metadata::default())
+            .unwrap();
+        let answer = list_answers(&[
+            (0, 0, 10),
+            // Led by node 2: whatever node 1 says of it is not taken.
+            (1, 0, 11),
+            (2, ResponseError::NotLeaderOrFollower.code(), -1),
+            // Partition 3 is missing from the answer.
+        ]);
+        f.handle_list_offsets_ahead(plan, answer, &m, Some(1));
+        assert_eq!(f.start_offset(&tp(0)), Some(Ok(10)));
+        for p in 1..4 {
+            assert_eq!(f.start_offset(&tp(p)), None, "partition {p}");
+        }
+        let mut listed: Vec<(i32, Vec<i32>)> = f
+            .plan_list_offsets(now, &m)
+            .iter()
+            .map(|plan| {
+                let req = f.list_offsets_request(plan);
+                let parts = req.topics[0]
+                    .partitions
+                    .iter()
+                    .map(|p| p.partition_index)
+                    .collect();
+                (plan.node, parts)
+            })
+            .collect();
+        listed.iter_mut().for_each(|(_, parts)| parts.sort());
+        listed.sort();
+        assert_eq!(listed, [(1, vec![2, 3]), (2, vec![1])]);
+
+        for (result, answered_by) in [
+            (Err(Error::Closed), Some(1)),
+            (list_answers(&[(0, 0, 10)]), None),
+        ] {
+            let mut f = FetchState::new(cfg(OffsetReset::Error));
+            assign(&mut f);
+            let plan = f
+                .plan_list_offsets_ahead(now, &Metadata::default())
+                .unwrap();
+            f.handle_list_offsets_ahead(plan, result, &m, answered_by);
+            assert_eq!(f.start_offset(&tp(0)), None);
+            let listed: usize = f
+                .plan_list_offsets(now, &m)
+                .iter()
+                .map(|p| p.partitions())
+                .sum();
+            assert_eq!(listed, 4);
+        }
+    }
+
+    /// An answer sent ahead of metadata for a partition sought meanwhile is not taken: the seek's
+    /// start position is listed instead.
+    #[test]
+    fn list_offsets_ahead_of_metadata_is_dropped_after_a_seek() {
+        let now = Instant::now();
+        let m = meta_with(&[1]);
+        let mut f = FetchState::new(cfg(OffsetReset::Error));
+        f.assign(vec![(tp(0), StartPosition::Earliest, 1)], false);
+        let plan = f
+            .plan_list_offsets_ahead(now, &Metadata::default())
+            .unwrap();
+        f.seek(&tp(0), StartPosition::Latest, 2);
+        f.handle_list_offsets_ahead(plan, list_answers(&[(0, 0, 0)]), &m, Some(1));
+        assert_eq!(f.start_offset(&tp(0)), None);
         let plan = single(f.plan_list_offsets(now, &m));
         assert_eq!(
             f.list_offsets_request(&plan).topics[0].partitions[0].timestamp,
