@@ -126,6 +126,23 @@ impl PartitionState {
         !self.paused && self.retry_at.is_none_or(|t| t <= now)
     }
 
+    /// The ListOffsets timestamp to ask for `tp` with, if it is to be listed now: its start
+    /// position is unresolved (and not an offset), it is ready, and it is in no request.
+    fn to_list(
+        &self,
+        tp: &TopicPartition,
+        now: Instant,
+        in_flight: &HashSet<TopicPartition>,
+    ) -> Option<i64> {
+        let Position::Unresolved(start) = self.position else {
+            return None;
+        };
+        if !self.ready(now) || in_flight.contains(tp) {
+            return None;
+        }
+        list_timestamp(start)
+    }
+
     /// Takes the offset a ListOffsets answer gave without an error.
     fn listed(&mut self, offset: i64) {
         if offset < 0 {
@@ -421,17 +438,11 @@ impl FetchState {
     /// ListOffsets requests for partitions whose start position is unresolved.
     pub(crate) fn plan_list_offsets(&mut self, now: Instant, meta: &Metadata) -> Vec<ListPlan> {
         let mut by_node: HashMap<i32, Vec<ListEntry>> = HashMap::new();
-        for (tp, s) in &mut self.parts {
-            let Position::Unresolved(start) = s.position else {
+        for (tp, s) in &self.parts {
+            let Some(timestamp) = s.to_list(tp, now, &self.in_flight) else {
                 continue;
             };
-            if !s.ready(now) || self.in_flight.contains(tp) {
-                continue;
-            }
             let Some(leader) = meta.leader(&tp.topic, tp.partition) else {
-                continue;
-            };
-            let Some(timestamp) = list_timestamp(start) else {
                 continue;
             };
             self.in_flight.insert(tp.clone());
@@ -464,18 +475,12 @@ impl FetchState {
     ) -> Option<AheadPlan> {
         let mut entries = Vec::new();
         for (tp, s) in &self.parts {
-            let Position::Unresolved(start) = s.position else {
+            let Some(timestamp) = s.to_list(tp, now, &self.in_flight) else {
                 continue;
             };
-            if !s.ready(now)
-                || self.in_flight.contains(tp)
-                || meta.leader(&tp.topic, tp.partition).is_some()
-            {
+            if meta.leader(&tp.topic, tp.partition).is_some() {
                 continue;
             }
-            let Some(timestamp) = list_timestamp(start) else {
-                continue;
-            };
             entries.push(ListEntry {
                 tp: tp.clone(),
                 generation: s.generation,
