@@ -560,10 +560,13 @@ impl Driver {
             if let Some(req) = req {
                 self.metadata_in_flight = true;
                 self.metadata_wanted = false;
-                let ahead = self.fetch.plan_list_offsets_ahead(std_now, &self.meta);
-                let list_req = ahead
-                    .as_ref()
-                    .map(|plan| self.fetch.list_offsets_request_ahead(plan));
+                let ahead = self
+                    .fetch
+                    .plan_list_offsets_ahead(std_now, &self.meta)
+                    .map(|plan| {
+                        let req = self.fetch.list_offsets_request_ahead(&plan);
+                        (plan, req)
+                    });
                 self.pool
                     .want_spares(self.fetch.lanes_for(self.fetch.assigned()));
                 let pool = Arc::clone(&self.pool);
@@ -574,7 +577,7 @@ impl Driver {
                             return Completion::Metadata {
                                 res: Err(e),
                                 at: None,
-                                ahead: ahead.map(|plan| (plan, Err(Error::Closed))),
+                                ahead: ahead.map(|(plan, _)| (plan, Err(Error::Closed))),
                             };
                         }
                     };
@@ -585,10 +588,10 @@ impl Driver {
                     // `join!` polls the Metadata request first, so it is written first and
                     // ListOffsets right behind it.
                     let listed = async {
-                        let req = list_req?;
+                        let (_, req) = ahead.as_ref()?;
                         let listed = async {
                             let v = conn.version(versions::LIST_OFFSETS)?;
-                            conn.request(&req, v, Duration::ZERO).await
+                            conn.request(req, v, Duration::ZERO).await
                         };
                         Some(listed.await)
                     };
@@ -596,7 +599,7 @@ impl Driver {
                     Completion::Metadata {
                         res,
                         at: Some(conn.broker().addr().to_owned()),
-                        ahead: ahead.map(|plan| (plan, listed.unwrap_or(Err(Error::Closed)))),
+                        ahead: ahead.zip(listed).map(|((plan, _), listed)| (plan, listed)),
                     }
                 }));
             }
