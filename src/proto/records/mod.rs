@@ -734,13 +734,14 @@ impl RecordBase {
     fn read_short(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
         let (len, p) = short_length(data, pos)?;
         let end = p + len;
-        if end > data.len() || len == 0 {
+        if end > data.len() {
             return None;
         }
         let body = &data[..end];
-        // The record's last byte, which is its header count when it has no headers. Loaded
-        // first: it is often on a cache line of its own, and the load's wait then overlaps the
-        // reading of the fields before it, instead of following it.
+        // The record's last byte (`end` is past the length, so at least 1), which is its header
+        // count when it has no headers. Loaded first: it is often on a cache line of its own,
+        // and the load's wait then overlaps the reading of the fields before it, instead of
+        // following it. (A record of length 0 reads its own length byte here, and fails below.)
         let last = body[end - 1];
         let p = p + 1; // attributes
         let (timestamp_delta, p) = short_varint(body, p)?;
