@@ -112,7 +112,7 @@ impl ProduceSpec<'_> {
         match self.transactional {
             Some((txn_size, abort_every)) if txn_size > 0 && abort_every > 0 => {
                 let txn = i / txn_size + 1;
-                txn % abort_every != 0
+                !txn.is_multiple_of(abort_every)
             }
             _ => true,
         }

@@ -161,7 +161,7 @@ fn stress_two_threads_every_value_exactly_once() {
                     idle = 0;
                 } else {
                     idle += 1;
-                    if idle % 64 == 0 {
+                    if idle.is_multiple_of(64) {
                         thread::yield_now();
                     } else {
                         std::hint::spin_loop();

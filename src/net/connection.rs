@@ -528,10 +528,10 @@ async fn read_frame<R: AsyncRead + Unpin>(
         if frame.len() == frame.capacity() {
             frame.reserve_exact((len - frame.len()).min(GROW_STEP));
         }
-        if scan.is_none() {
-            if let Some(id) = frame.first_chunk::<4>() {
-                scan = Some(scan_for(i32::from_be_bytes(*id)));
-            }
+        if scan.is_none()
+            && let Some(id) = frame.first_chunk::<4>()
+        {
+            scan = Some(scan_for(i32::from_be_bytes(*id)));
         }
         // Never past this frame: what follows belongs to the next one.
         let missing = len - frame.len();
