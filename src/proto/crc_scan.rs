@@ -14,7 +14,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::proto::guard;
 use crate::proto::records::{
-    BATCH_HEADER_LEN, CRC_OFFSET, CRC_START, LOG_OVERHEAD, MAGIC_OFFSET, MAGIC_V2, crc32c,
+    BATCH_HEADER_LEN, CRC_OFFSET, CRC_START, LOG_OVERHEAD, MAGIC_OFFSET, MAGIC_V2, batch_crc32c,
 };
 
 /// Where the scan of one response stands.
@@ -89,7 +89,7 @@ impl CrcScan {
                 batch[CRC_OFFSET + 2],
                 batch[CRC_OFFSET + 3],
             ]);
-            if crc32c(&batch[CRC_START..]) == stored
+            if batch_crc32c(&batch[CRC_START..]) == stored
                 && let Ok(at) = u32::try_from(self.at)
             {
                 self.checked.push((at, stored));

@@ -298,7 +298,7 @@ impl RecordBatch {
     ///
     /// [`ProtocolViolation::Crc`] if it does not match the header's.
     pub fn verify_crc(&self) -> Result<(), ProtocolViolation> {
-        let computed = crc32c(self.bytes.get(CRC_START..).unwrap_or_default());
+        let computed = batch_crc32c(self.bytes.get(CRC_START..).unwrap_or_default());
         if computed == self.header.crc {
             Ok(())
         } else {
@@ -1181,16 +1181,13 @@ fn bad_length(what: &str, len: i32) -> String {
     format!("{what} length {len} is negative or runs past the record")
 }
 
-#[cfg(test)]
-pub(crate) mod tests;
-
 /// The CRC-32C (Castagnoli) of `bytes`, as a record batch stores it.
 ///
 /// Where the CPU folds 512 bits at a time with carry-less multiplication (AVX-512 with
 /// VPCLMULQDQ), `crc-fast` computes it about twice as fast as `crc32c`'s three interleaved
 /// CRC32 instruction streams; on CPUs without them `crc32c` was the faster of the two.
 #[inline]
-pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
+pub(crate) fn batch_crc32c(bytes: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if wide_clmul() {
         // A CRC-32C is 32 bits wide: the upper half of `checksum`'s result is zero.
@@ -1206,3 +1203,6 @@ fn wide_clmul() -> bool {
     std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("vpclmulqdq")
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1223,7 +1223,7 @@ fn fast_reader_agrees_with_the_general_reader_on_mutated_batches() {
 /// several alignments; and the one in use gives the standard check value.
 #[test]
 fn crc32c_implementations_agree() {
-    assert_eq!(super::crc32c(b"123456789"), 0xE306_9283);
+    assert_eq!(super::batch_crc32c(b"123456789"), 0xE306_9283);
     let data: Vec<u8> = (0..70_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -1237,7 +1237,7 @@ fn crc32c_implementations_agree() {
             let wide = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes);
             assert_eq!(wide, u64::from(reference), "length {len}, offset {offset}");
             assert_eq!(
-                super::crc32c(bytes),
+                super::batch_crc32c(bytes),
                 reference,
                 "length {len}, offset {offset}"
             );
