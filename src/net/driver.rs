@@ -581,17 +581,30 @@ impl Driver {
                             };
                         }
                     };
+                    let answered = Notify::new();
                     let metadata = async {
                         let v = conn.version(versions::METADATA)?;
-                        conn.request(&req, v, Duration::ZERO).await
+                        let res = conn.request(&req, v, Duration::ZERO).await;
+                        answered.notify_one();
+                        res
                     };
-                    // `join!` polls the Metadata request first, so it is written first and
-                    // ListOffsets right behind it.
+                    // `join!` polls the Metadata request first, so it is written first.
+                    // ListOffsets goes to the same address on the spare opened beside this
+                    // connection, once that has negotiated its versions: the broker then
+                    // answers both at once, where on one connection it would take them one
+                    // after the other. If Metadata is answered first (the spare is slow, or
+                    // there is none), ListOffsets follows on this connection.
                     let listed = async {
                         let (_, req) = ahead.as_ref()?;
+                        let spare = tokio::select! {
+                            biased;
+                            spare = pool.spare_beside(&conn) => spare,
+                            () = answered.notified() => None,
+                        };
+                        let on = spare.as_deref().unwrap_or(&conn);
                         let listed = async {
-                            let v = conn.version(versions::LIST_OFFSETS)?;
-                            conn.request(req, v, Duration::ZERO).await
+                            let v = on.version(versions::LIST_OFFSETS)?;
+                            on.request(req, v, Duration::ZERO).await
                         };
                         Some(listed.await)
                     };

@@ -11,7 +11,9 @@
 //! connection itself, and its data connections are spares opened to the same address as soon
 //! as the first bootstrap connection's TCP handshake is done, while it negotiates its versions
 //! and carries the first Metadata request ([`Pool::want_spares`]). So the first Fetch on each
-//! of them does not wait for a connection and its ApiVersions exchange.
+//! of them does not wait for a connection and its ApiVersions exchange, and the first
+//! ListOffsets goes on the first spare ([`Pool::spare_beside`]), answered beside the first
+//! Metadata request rather than after it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -244,6 +246,22 @@ impl Pool {
             });
             self.spare_tasks.lock().push(task.abort_handle());
         }
+    }
+
+    /// The first spare opened beside `conn` (a bootstrap connection), once its connection
+    /// attempt is over: `None` when there is none, it failed, or it goes elsewhere. It stays in
+    /// its slot, to be taken over as a data connection later.
+    pub(crate) async fn spare_beside(&self, conn: &Connection) -> Option<Arc<Connection>> {
+        let BrokerRef::Address(addr) = conn.broker() else {
+            return None;
+        };
+        let slot = self.slots.lock().get(&ConnKey::Spare(0)).map(Arc::clone)?;
+        // The task opening the spare holds the slot until it is connected (or failed).
+        let slot = slot.lock().await;
+        slot.conn
+            .as_ref()
+            .filter(|c| c.is_alive() && matches!(c.broker(), BrokerRef::Address(a) if a == addr))
+            .map(Arc::clone)
     }
 
     fn in_backoff(&self, key: ConnKey, now: Instant) -> bool {

@@ -223,9 +223,8 @@ pub(crate) struct ListPlan {
     entries: Vec<ListEntry>,
 }
 
-/// A ListOffsets request sent ahead of the metadata that names the partitions' leaders: on the
-/// connection that carries the Metadata request, right behind it (see
-/// [`FetchState::plan_list_offsets_ahead`]).
+/// A ListOffsets request sent ahead of the metadata that names the partitions' leaders, to the
+/// address that answers the Metadata request (see [`FetchState::plan_list_offsets_ahead`]).
 #[derive(Clone, Debug)]
 pub(crate) struct AheadPlan(ListPlan);
 
@@ -461,11 +460,11 @@ impl FetchState {
 
     /// ListOffsets for partitions whose start position is unresolved and whose leader
     /// metadata does not name yet, to go to the broker that answers the Metadata request that
-    /// will name it, right behind that request on its connection. A broker answers a
-    /// connection's requests in order, so the answer comes right after the metadata, a round
-    /// trip earlier than a ListOffsets sent once the metadata is in. A broker answers
-    /// ListOffsets only for partitions it leads; the answers are taken only for partitions
-    /// that the metadata, answered just before by the same broker, says it leads (see
+    /// will name it, before that request is answered (the network loop sends it on a second
+    /// connection to the same address, or right behind the Metadata request on its own), so
+    /// that the answer comes with the metadata rather than a round trip after it. A broker
+    /// answers ListOffsets only for partitions it leads; the answers are taken only for
+    /// partitions that the metadata, answered by the same broker, says it leads (see
     /// [`handle_list_offsets_ahead`](Self::handle_list_offsets_ahead)). `None` if no
     /// partition is waiting so.
     pub(crate) fn plan_list_offsets_ahead(
