@@ -253,17 +253,16 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     assert_eq!(proxy.connections(), 2, "connections opened");
     let on_control = proxy.passed_on(0);
     let on_data = proxy.passed_on(1);
-    assert_eq!(
-        on_control.get(..4),
-        Some(
-            &[
-                Request(ApiKey::ApiVersions),
-                Response(ApiKey::ApiVersions),
-                Request(ApiKey::Metadata),
-                Response(ApiKey::Metadata),
-            ][..]
-        ),
-        "what passed on the control connection: {on_control:?}"
+    assert_passed(
+        "control",
+        &on_control,
+        0,
+        &[
+            Request(ApiKey::ApiVersions),
+            Response(ApiKey::ApiVersions),
+            Request(ApiKey::Metadata),
+            Response(ApiKey::Metadata),
+        ],
     );
     let listed = |on: &[_]| {
         on.iter()
@@ -278,18 +277,17 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     if listed(&on_data) == 1 {
         // On the spare: answered before the first Fetch goes out on it, and asked before the
         // Metadata answer came in on the other connection.
-        assert_eq!(
-            on_data.get(..5),
-            Some(
-                &[
-                    Request(ApiKey::ApiVersions),
-                    Response(ApiKey::ApiVersions),
-                    Request(ApiKey::ListOffsets),
-                    Response(ApiKey::ListOffsets),
-                    Request(ApiKey::Fetch),
-                ][..]
-            ),
-            "what passed on the data connection: {on_data:?}"
+        assert_passed(
+            "data",
+            &on_data,
+            0,
+            &[
+                Request(ApiKey::ApiVersions),
+                Response(ApiKey::ApiVersions),
+                Request(ApiKey::ListOffsets),
+                Response(ApiKey::ListOffsets),
+                Request(ApiKey::Fetch),
+            ],
         );
         let passed = proxy.passed();
         let at = |what: (usize, Passed)| passed.iter().position(|p| *p == what);
@@ -299,10 +297,11 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
         );
     } else {
         println!("the spare was not ready before the Metadata answer: ListOffsets followed it");
-        assert_eq!(
-            on_control.get(4..6),
-            Some(&[Request(ApiKey::ListOffsets), Response(ApiKey::ListOffsets)][..]),
-            "what passed on the control connection: {on_control:?}"
+        assert_passed(
+            "control",
+            &on_control,
+            4,
+            &[Request(ApiKey::ListOffsets), Response(ApiKey::ListOffsets)],
         );
     }
     assert!(
@@ -434,6 +433,21 @@ async fn a_brokers_partitions_are_shared_out_over_its_data_connections() {
             assert!(fetched.values().flatten().all(|&n| n == 8), "{fetched:?}");
         }
     }
+}
+
+/// Asserts that `want` passed on the `name` connection (`on`, what passed on it in order),
+/// starting at its `from`th request or response.
+fn assert_passed(
+    name: &str,
+    on: &[protocol_tests::proxy::Passed],
+    from: usize,
+    want: &[protocol_tests::proxy::Passed],
+) {
+    assert_eq!(
+        on.get(from..from + want.len()),
+        Some(want),
+        "what passed on the {name} connection: {on:?}"
+    );
 }
 
 /// The APIs answered on each of the proxy's connections, in the order first seen, by

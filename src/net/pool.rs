@@ -197,10 +197,7 @@ impl Pool {
         };
         let slot = self.slots.lock().get(&from).map(Arc::clone)?;
         let mut slot = slot.lock().await;
-        let at_addr = |c: &Arc<Connection>| {
-            c.is_alive() && matches!(c.broker(), BrokerRef::Address(a) if *a == addr)
-        };
-        if !slot.conn.as_ref().is_some_and(at_addr) {
+        if !slot.conn.as_ref().is_some_and(|c| live_at(c, &addr)) {
             return None;
         }
         let c = slot.conn.take()?;
@@ -260,7 +257,7 @@ impl Pool {
         let slot = slot.lock().await;
         slot.conn
             .as_ref()
-            .filter(|c| c.is_alive() && matches!(c.broker(), BrokerRef::Address(a) if a == addr))
+            .filter(|c| live_at(c, addr))
             .map(Arc::clone)
     }
 
@@ -316,4 +313,9 @@ impl Pool {
         }
         Err(Error::NoBroker(errors.join("; ")))
     }
+}
+
+/// Whether `c` is alive and was opened to `addr` by address (a bootstrap or spare connection).
+fn live_at(c: &Connection, addr: &str) -> bool {
+    c.is_alive() && matches!(c.broker(), BrokerRef::Address(a) if a == addr)
 }
