@@ -56,6 +56,7 @@ pub(crate) fn main(args: &[String]) -> ! {
         "ours-slow" => slow(rest),
         "ours-latency" => latency(rest),
         "raw-commit" => raw_commit(rest),
+        "start-ups" => start_ups(rest),
         _ => Err(format!("unknown child kind {kind:?}")),
     };
     match result {
@@ -103,6 +104,27 @@ where
             .await
             .map_err(|e| format!("the task failed: {e}"))?
     })
+}
+
+/// `BOOTSTRAP TOPIC PARTITIONS ROUNDS`: the broker warm-up's start-up requests
+/// ([`raw::start_up_round_trips`]), for one topic.
+fn start_ups(args: &[String]) -> Result<String, String> {
+    let bootstrap: String = arg(args, 0, "BOOTSTRAP")?;
+    let topic: String = arg(args, 1, "TOPIC")?;
+    let partitions: i32 = arg(args, 2, "PARTITIONS")?;
+    let rounds: u64 = arg(args, 3, "ROUNDS")?;
+    let started = Instant::now();
+    let done = raw::start_up_round_trips(
+        &bootstrap,
+        &[(topic, partitions)],
+        "cmp-warm-up",
+        rounds,
+        CHILD_DEADLINE,
+    )?;
+    Ok(format!(
+        "rounds={done} elapsed_s={:.6}",
+        started.elapsed().as_secs_f64()
+    ))
 }
 
 /// `KIND BOOTSTRAP TOPIC PARTITIONS RECORDS`: consume every record of the topic from the start.

@@ -2,11 +2,13 @@
 //!
 //! `cargo run --release --manifest-path benches/compare/Cargo.toml -- [--quick] [--reps N] [--warmups N] [--pairs N]`
 //!
-//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, 120 to 600 broker
-//! warm-up runs (the raw fetch and kafka-source on the uncompressed 100 B topics, until the
-//! broker's JIT compiler is quiet), one warm-up round and five measured rounds. `--quick`:
-//! 200,000 and 40,000 records, 40 to 200 broker warm-up runs, one round, no warm-up round, and a
-//! 16 MiB budget for the slow application (its topic is smaller than the default 64 MiB).
+//! Full mode: 1,000,000 records of 100 B and 200,000 of 1 KiB per topic, a broker warm-up
+//! (20,000 rounds of the requests a consumer sends before its first Fetch, then 120 to 600 runs
+//! of the raw fetch and kafka-source on the uncompressed 100 B topics, until the broker's JIT
+//! compiler is quiet), one warm-up round and five measured rounds. `--quick`: 200,000 and
+//! 40,000 records, 2,000 rounds and 40 to 200 runs to warm up the broker, one round, no warm-up
+//! round, and a 16 MiB budget for the slow application (its topic is smaller than the default
+//! 64 MiB).
 //! `--reps` and `--warmups` change the number of measured and warm-up rounds. After the rounds,
 //! kafka-source and the raw fetch run back to back in 20 pairs (3 in the quick run; `--pairs`)
 //! on each uncompressed 100 B topic: the ceiling target is judged by those pairs.
@@ -166,6 +168,9 @@ pub(crate) struct Plan {
     pub(crate) broker_warmup_runs: usize,
     /// The most broker warm-up runs, quiet or not.
     pub(crate) broker_warmup_max_runs: usize,
+    /// Rounds of the requests a consumer sends before its first Fetch, sent to the broker
+    /// before the warm-up runs (see [`raw::start_up_round_trips`]).
+    pub(crate) broker_warmup_start_ups: u64,
     pub(crate) reps: usize,
     /// Back-to-back pairs of the raw fetch and kafka-source on each uncompressed 100 B topic,
     /// after the rounds: what the ceiling target is judged by (see [`run_pairs`]).
@@ -187,6 +192,7 @@ impl Plan {
                 warmups: 0,
                 broker_warmup_runs: 40,
                 broker_warmup_max_runs: 200,
+                broker_warmup_start_ups: 2_000,
                 reps: 1,
                 pairs: 3,
                 records_small: 200_000,
@@ -202,6 +208,7 @@ impl Plan {
                 warmups: 1,
                 broker_warmup_runs: 120,
                 broker_warmup_max_runs: 600,
+                broker_warmup_start_ups: 20_000,
                 reps: 5,
                 pairs: 20,
                 records_small: 1_000_000,
@@ -558,6 +565,21 @@ fn warm_up_broker(
         return warmup;
     }
     let started = Instant::now();
+    let names: Vec<(String, i32)> = topics
+        .iter()
+        .map(|c| (c.topic.clone(), c.partitions))
+        .collect();
+    match raw::start_up_round_trips(
+        bootstrap,
+        &names,
+        "cmp-warm-up",
+        plan.broker_warmup_start_ups,
+        START_UP_WARMUP_BUDGET,
+    ) {
+        Ok(rounds) => warmup.start_ups = rounds,
+        Err(e) => eprintln!("[compare] broker warm-up: start-up requests failed: {e}"),
+    }
+    let start_ups_took = started.elapsed();
     let mut failed = 0;
     // JIT CPU of each run so far.
     let mut jit = Vec::new();
@@ -589,15 +611,20 @@ fn warm_up_broker(
     }
     warmup.jit_last = last_runs_jit(&jit);
     eprintln!(
-        "[compare] broker warm-up: {} runs in {:.1} s ({failed} failed); JIT CPU over the last {JIT_QUIET_RUNS}: {}",
+        "[compare] broker warm-up: {} rounds of start-up requests in {:.1} s, {} runs in {:.1} s ({failed} failed); JIT CPU over the last {JIT_QUIET_RUNS}: {}",
+        warmup.start_ups,
+        start_ups_took.as_secs_f64(),
         warmup.runs,
-        started.elapsed().as_secs_f64(),
+        (started.elapsed() - start_ups_took).as_secs_f64(),
         warmup
             .jit_last
             .map_or("not known".to_string(), |s| format!("{:.0} ms", s * 1e3))
     );
     warmup
 }
+
+/// The most time the start-up requests of the broker's warm-up may take.
+const START_UP_WARMUP_BUDGET: Duration = Duration::from_secs(60);
 
 /// The broker's JIT counts as quiet once its compiler threads took less than this much CPU over
 /// the last [`JIT_QUIET_RUNS`] warm-up runs.
@@ -614,6 +641,8 @@ fn last_runs_jit(jit: &[f64]) -> Option<f64> {
 /// What the broker's warm-up did.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct WarmUp {
+    /// Rounds of the requests a consumer sends before its first Fetch.
+    pub(crate) start_ups: u64,
     pub(crate) runs: usize,
     /// The broker's JIT compiler CPU over the last [`JIT_QUIET_RUNS`] runs, in seconds (`None`
     /// if it could not be watched).

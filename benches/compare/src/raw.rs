@@ -18,11 +18,15 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::{
-    BrokerId, FetchRequest, FindCoordinatorRequest, GroupId, OffsetCommitRequest, RequestHeader,
+    ApiVersionsRequest, BrokerId, FetchRequest, FindCoordinatorRequest, GroupId,
+    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, RequestHeader,
     ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
@@ -293,6 +297,107 @@ pub(crate) fn commit_round_trips(
         }
     }
     Ok(took)
+}
+
+/// Warms up the broker's handling of the requests a consumer sends before its first Fetch:
+/// `rounds` rounds (or until `budget` is spent) of ApiVersions, Metadata and ListOffsets (the
+/// earliest offset of every partition) for each topic in turn, and FindCoordinator and
+/// OffsetFetch for `group`, on one connection, at the versions kafka-source sends to a Kafka 4.1
+/// broker. A consumer sends each of them once per run, so the warm-up runs leave them to the
+/// broker's interpreter while the Fetch path, sent hundreds of times per run, is compiled:
+/// every client would then pay the broker's cold start-up path, which the raw fetch skips.
+/// Returns the rounds done.
+pub(crate) fn start_up_round_trips(
+    bootstrap: &str,
+    topics: &[(String, i32)],
+    group: &str,
+    rounds: u64,
+    budget: Duration,
+) -> Result<u64, String> {
+    let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
+    let mut stream = connect(addr)?;
+    let mut correlation_id = 0;
+    let started = Instant::now();
+    let group = StrBytes::from_string(group.to_owned());
+    let mut done = 0;
+    while done < rounds && started.elapsed() < budget {
+        let (topic, partitions) = &topics[(done as usize) % topics.len().max(1)];
+        let name = TopicName(StrBytes::from_string(topic.clone()));
+        let versions = round_trip(
+            &mut stream,
+            &mut correlation_id,
+            &ApiVersionsRequest::default()
+                .with_client_software_name(StrBytes::from_static_str("compare-raw"))
+                .with_client_software_version(StrBytes::from_static_str("0")),
+            4,
+        )?;
+        if versions.error_code != 0 {
+            return Err(format!("ApiVersions error code {}", versions.error_code));
+        }
+        let metadata = round_trip(
+            &mut stream,
+            &mut correlation_id,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(name.clone())),
+                ]))
+                .with_allow_auto_topic_creation(false),
+            13,
+        )?;
+        if let Some(t) = metadata.topics.iter().find(|t| t.error_code != 0) {
+            return Err(format!("Metadata error code {}", t.error_code));
+        }
+        let offsets = round_trip(
+            &mut stream,
+            &mut correlation_id,
+            &ListOffsetsRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![
+                    ListOffsetsTopic::default()
+                        .with_name(name.clone())
+                        .with_partitions(
+                            (0..*partitions)
+                                .map(|p| {
+                                    ListOffsetsPartition::default()
+                                        .with_partition_index(p)
+                                        .with_current_leader_epoch(-1)
+                                        .with_timestamp(-2)
+                                })
+                                .collect(),
+                        ),
+                ]),
+            10,
+        )?;
+        for p in offsets.topics.iter().flat_map(|t| &t.partitions) {
+            if p.error_code != 0 {
+                return Err(format!("ListOffsets error code {}", p.error_code));
+            }
+        }
+        // The group requests' answers may be "not available yet" (the offsets topic is
+        // created by the first lookup): the broker handled them all the same.
+        round_trip(
+            &mut stream,
+            &mut correlation_id,
+            &FindCoordinatorRequest::default()
+                .with_key(group.clone())
+                .with_key_type(0),
+            3,
+        )?;
+        round_trip(
+            &mut stream,
+            &mut correlation_id,
+            &OffsetFetchRequest::default()
+                .with_group_id(GroupId(group.clone()))
+                .with_topics(Some(vec![
+                    OffsetFetchRequestTopic::default()
+                        .with_name(name)
+                        .with_partition_indexes((0..*partitions).collect()),
+                ])),
+            7,
+        )?;
+        done += 1;
+    }
+    Ok(done)
 }
 
 fn connect(addr: &str) -> Result<TcpStream, String> {

@@ -440,8 +440,12 @@ impl Report {
             s,
             "Each client consumes the whole topic from offset 0 in its own process ({} records of \
              100 B, {} of 1 KiB; keys are the record numbers in decimal). Median (min–max) over {} \
-             run(s) after {} warm-up round(s), which came after {} runs of the raw fetch and \
-             kafka-source on the uncompressed 100 B topics that warm up the broker's JIT ({}); rounds \
+             run(s) after {} warm-up round(s), which came after {} rounds of the requests a \
+             consumer sends before its first Fetch (ApiVersions, Metadata, ListOffsets, \
+             FindCoordinator, OffsetFetch; each client sends them once per run, so without these \
+             the broker would still interpret them while it runs the Fetch path compiled) and {} \
+             runs of the raw fetch and kafka-source on the uncompressed 100 B topics, which warm \
+             up the broker's JIT ({}); rounds \
              go over all topics, and the clients' order rotates from round to round. records/s and \
              MB/s run from creating the client to the last record (for the Java tool, its own \
              `fetch.time.ms`, which leaves out its group join but includes its first fetch). \
@@ -458,6 +462,7 @@ impl Report {
             grouped(p.records_large as f64),
             p.reps,
             p.warmups,
+            grouped(self.warmup.start_ups as f64),
             self.warmup.runs,
             self.warmup.jit_last.map_or_else(
                 || "its compiler threads could not be watched".to_string(),
