@@ -1815,7 +1815,7 @@ pub fn fetch_session(data: &[u8]) {
     let mut buffered = 0usize;
     let mut fetches: Vec<FetchOut> = Vec::new();
     let mut lists: Vec<ListOut> = Vec::new();
-    // A ListOffsets sent right behind a Metadata request, answered with the metadata.
+    // A ListOffsets sent ahead of a Metadata request's answer, answered with the metadata.
     let mut ahead: Option<(crate::proto::fetch::AheadPlan, Vec<(TopicPartition, u64)>)> = None;
     // Partitions in a request out (Fetch or ListOffsets).
     let mut out: HashSet<TopicPartition> = HashSet::new();
@@ -1829,8 +1829,8 @@ pub fn fetch_session(data: &[u8]) {
         match r.u8() % 16 {
             0..=2 => {
                 // The loop's turn: a Metadata request while a leader is missing, with ListOffsets
-                // right behind it for the partitions with no leader, then ListOffsets, then one
-                // Fetch per idle data connection within the budget.
+                // ahead of its answer for the partitions with no leader, then ListOffsets, then
+                // one Fetch per idle data connection within the budget.
                 if ahead.is_none() && f.needs_metadata(&meta) && r.bool() {
                     if let Some(plan) = f.plan_list_offsets_ahead(now, &meta) {
                         let req = f.list_offsets_request_ahead(&plan);

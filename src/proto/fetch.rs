@@ -460,9 +460,10 @@ impl FetchState {
 
     /// ListOffsets for partitions whose start position is unresolved and whose leader
     /// metadata does not name yet, to go to the broker that answers the Metadata request that
-    /// will name it, before that request is answered (the network loop sends it on a second
-    /// connection to the same address, or right behind the Metadata request on its own), so
-    /// that the answer comes with the metadata rather than a round trip after it. A broker
+    /// will name it, before that request is answered (the network loop sends it on the spare
+    /// connection opened to the same address, or, if the Metadata answer comes first, on the
+    /// Metadata request's own connection), so that the answer comes with the metadata rather
+    /// than a round trip after it. A broker
     /// answers ListOffsets only for partitions it leads; the answers are taken only for
     /// partitions that the metadata, answered by the same broker, says it leads (see
     /// [`handle_list_offsets_ahead`](Self::handle_list_offsets_ahead)). `None` if no
