@@ -205,6 +205,17 @@ pub(crate) struct Entry {
     pub(crate) value: Span,
 }
 
+impl Entry {
+    /// A placeholder, overwritten before it is read.
+    pub(crate) const EMPTY: Self = Self {
+        timestamp: 0,
+        offset_delta: 0,
+        segment: 0,
+        key: Span::null_at(0),
+        value: Span::null_at(0),
+    };
+}
+
 const _: () = assert!(size_of::<Entry>() == 32);
 
 /// The bytes of one record batch's records (decompressed if need be), and what its records

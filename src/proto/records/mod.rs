@@ -592,10 +592,25 @@ fn decode_records(
     fast: bool,
 ) -> Result<(), ProtocolViolation> {
     // A hostile count must not reserve more than the bytes could hold.
-    out.reserve(records_that_fit(count, data.len()));
-    let mut cursor = Cursor::new(data);
+    let fit = records_that_fit(count, data.len());
+    out.reserve(fit);
     let base = RecordBase::new(header);
-    for i in 0..count {
+    let mut cursor = Cursor::new(data);
+    // The records the short reader takes, from the first on, are written straight into slots
+    // made for all of them: no capacity check and no length update per record. (A count the
+    // bytes cannot hold is malformed; the loop below says how.)
+    let mut done = 0;
+    if fast && count == fit {
+        let start = out.len();
+        out.resize(start + count, Entry::EMPTY);
+        (done, cursor.pos) = if base.log_append_time {
+            base.fill_short::<true>(data, segment, &mut out[start..])
+        } else {
+            base.fill_short::<false>(data, segment, &mut out[start..])
+        };
+        out.truncate(start + done);
+    }
+    for i in done..count {
         let short = if fast {
             base.read_short(data, cursor.pos, segment)
         } else {
@@ -682,8 +697,9 @@ fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Resu
 #[derive(Clone, Copy)]
 struct RecordBase {
     last_offset_delta: i32,
-    /// `Some(max_timestamp)` under log-append time.
-    fixed_timestamp: Option<i64>,
+    /// Every record's timestamp is `max_timestamp` (log-append time).
+    log_append_time: bool,
+    max_timestamp: i64,
     base_timestamp: i64,
 }
 
@@ -691,8 +707,8 @@ impl RecordBase {
     fn new(header: &BatchHeader) -> Self {
         Self {
             last_offset_delta: header.last_offset_delta,
-            fixed_timestamp: (header.timestamp_type() == TimestampType::LogAppendTime)
-                .then_some(header.max_timestamp),
+            log_append_time: header.timestamp_type() == TimestampType::LogAppendTime,
+            max_timestamp: header.max_timestamp,
             base_timestamp: header.base_timestamp,
         }
     }
@@ -703,12 +719,27 @@ impl RecordBase {
     /// offset that fits: [`BatchHeader::check`] refused every batch whose last offset overflows.
     #[inline(always)]
     fn place(&self, offset_delta: i32, timestamp_delta: i64) -> Option<(u32, i64)> {
+        if self.log_append_time {
+            self.place_as::<true>(offset_delta, timestamp_delta)
+        } else {
+            self.place_as::<false>(offset_delta, timestamp_delta)
+        }
+    }
+
+    /// [`place`](Self::place) for a batch whose `log_append_time` is `APPEND`.
+    #[inline(always)]
+    fn place_as<const APPEND: bool>(
+        &self,
+        offset_delta: i32,
+        timestamp_delta: i64,
+    ) -> Option<(u32, i64)> {
         if offset_delta < 0 || offset_delta > self.last_offset_delta {
             return None;
         }
-        let timestamp = match self.fixed_timestamp {
-            Some(t) => t,
-            None => self.base_timestamp.checked_add(timestamp_delta)?,
+        let timestamp = if APPEND {
+            self.max_timestamp
+        } else {
+            self.base_timestamp.checked_add(timestamp_delta)?
         };
         Some((offset_delta.unsigned_abs(), timestamp))
     }
@@ -726,12 +757,51 @@ impl RecordBase {
         }
     }
 
+    /// Reads records with [`read_short_as`](Self::read_short_as) from the start of `data` into
+    /// `slots` until one is declined or the slots are full: how many were read, and the
+    /// position after the last. `APPEND` is the batch's `log_append_time`.
+    #[inline(always)]
+    fn fill_short<const APPEND: bool>(
+        self,
+        data: &[u8],
+        segment: u32,
+        slots: &mut [Entry],
+    ) -> (usize, usize) {
+        let mut pos = 0;
+        let mut filled = 0;
+        for slot in slots {
+            let Some((record, next)) = self.read_short_as::<APPEND>(data, pos, segment) else {
+                break;
+            };
+            *slot = record;
+            pos = next;
+            filled += 1;
+        }
+        (filled, pos)
+    }
+
+    /// [`read_short_as`](Self::read_short_as) for this batch's timestamp type.
+    #[inline(always)]
+    fn read_short(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
+        if self.log_append_time {
+            self.read_short_as::<true>(data, pos, segment)
+        } else {
+            self.read_short_as::<false>(data, pos, segment)
+        }
+    }
+
     /// The record at `pos` and the position after it, if every varint in the record takes at
     /// most two bytes (lengths and deltas below 8192); `None` for anything else, valid or not,
     /// which [`read_record`] then reads and judges. Among such records it accepts exactly what
-    /// `read_record` accepts, and yields the same entry.
+    /// `read_record` accepts, and yields the same entry. `APPEND` is the batch's
+    /// `log_append_time`, so that the timestamp's source is chosen once per batch.
     #[inline(always)]
-    fn read_short(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
+    fn read_short_as<const APPEND: bool>(
+        self,
+        data: &[u8],
+        pos: usize,
+        segment: u32,
+    ) -> Option<(Entry, usize)> {
         let (len, p) = short_length(data, pos)?;
         let end = p + len;
         if end > data.len() {
@@ -767,7 +837,8 @@ impl RecordBase {
         if p != end {
             return None;
         }
-        let (offset_delta, timestamp) = self.place(offset_delta, i64::from(timestamp_delta))?;
+        let (offset_delta, timestamp) =
+            self.place_as::<APPEND>(offset_delta, i64::from(timestamp_delta))?;
         Some((
             Entry {
                 timestamp,

@@ -1160,6 +1160,52 @@ fn fast_reader_takes_short_records_and_declines_long_ones() {
     assert_eq!(general.remaining(), 0);
 }
 
+/// A record the short reader declines in the middle of a batch: the general reader reads it,
+/// and the records after it are read as before, into the same entries the general reader alone
+/// gives, after what `out` already held; under both timestamp types.
+#[test]
+fn a_long_record_between_short_ones_is_read_in_place() {
+    let long = [2u8; 9000];
+    let records: Vec<_> = (0..7)
+        .map(|o| {
+            let value: &[u8] = if o == 3 { &long } else { b"short" };
+            record(o, 1_700_000_000_000 + o, None, Some(value), &[])
+        })
+        .collect();
+    let bytes = encode(&records, KpCompression::None);
+    let attributes = i16::from_be_bytes([bytes[21], bytes[22]]);
+    let appended = patched(&bytes, |b| {
+        set_attributes(b, attributes | LOG_APPEND_TIME_FLAG)
+    });
+    let earlier = one_batch(encode(&sample_records(100), KpCompression::None));
+    for (bytes, append) in [(bytes, false), (appended, true)] {
+        let batch = one_batch(bytes);
+        let limits = DecodeLimits::default().with_check_crc(false);
+        let (mut fast, mut general) = (Records::new(), Records::new());
+        decode_batch(&earlier, &limits, &mut fast).unwrap();
+        decode_batch_general(&earlier, &limits, &mut general).unwrap();
+        decode_batch(&batch, &limits, &mut fast).unwrap();
+        decode_batch_general(&batch, &limits, &mut general).unwrap();
+        assert_eq!(fast.entries, general.entries, "log-append time {append}");
+        let read: Vec<_> = fast.iter().skip(5).collect();
+        assert_eq!(read.len(), 7);
+        for (o, r) in (0i64..).zip(&read) {
+            assert_eq!(r.offset, o);
+            let timestamp = if append {
+                1_700_000_000_006
+            } else {
+                1_700_000_000_000 + o
+            };
+            assert_eq!(
+                r.timestamp, timestamp,
+                "log-append time {append}, offset {o}"
+            );
+            let value: &[u8] = if o == 3 { &long } else { b"short" };
+            assert_eq!(r.value, Some(value), "offset {o}");
+        }
+    }
+}
+
 /// Mutated batches, CRC unchecked so the mutations reach the record readers: decoding with
 /// the fast reader first gives exactly what the general reader alone gives, the same entries
 /// or the same error.
