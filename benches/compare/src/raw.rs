@@ -59,7 +59,7 @@ pub(crate) fn consume(
     partitions: i32,
     want: u64,
 ) -> Result<Fetched, String> {
-    let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
+    let addr = first_address(bootstrap);
     let started = Instant::now();
     let connections = CONNECTIONS.min(partitions).max(1);
     let total = AtomicU64::new(0);
@@ -244,11 +244,8 @@ pub(crate) fn commit_round_trips(
     commits: u64,
     warmup: u64,
 ) -> Result<Vec<Duration>, String> {
-    let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
-    let mut stream = connect(addr)?;
-    let find = FindCoordinatorRequest::default()
-        .with_key(StrBytes::from_string(group.to_owned()))
-        .with_key_type(0);
+    let mut stream = connect(first_address(bootstrap))?;
+    let find = find_group_coordinator(StrBytes::from_string(group.to_owned()));
     let mut correlation_id = 0;
     // The first lookup of a group creates `__consumer_offsets`: COORDINATOR_NOT_AVAILABLE (15)
     // until it is ready.
@@ -318,8 +315,7 @@ pub(crate) fn start_up_round_trips(
     if topics.is_empty() {
         return Ok(0);
     }
-    let addr = bootstrap.split(',').next().unwrap_or(bootstrap);
-    let mut stream = connect(addr)?;
+    let mut stream = connect(first_address(bootstrap))?;
     let mut correlation_id = 0;
     let started = Instant::now();
     let group = StrBytes::from_string(group.to_owned());
@@ -382,9 +378,7 @@ pub(crate) fn start_up_round_trips(
         round_trip(
             &mut stream,
             &mut correlation_id,
-            &FindCoordinatorRequest::default()
-                .with_key(group.clone())
-                .with_key_type(0),
+            &find_group_coordinator(group.clone()),
             3,
         )?;
         round_trip(
@@ -402,6 +396,18 @@ pub(crate) fn start_up_round_trips(
         done += 1;
     }
     Ok(done)
+}
+
+/// The first address of a comma-separated bootstrap list.
+fn first_address(bootstrap: &str) -> &str {
+    bootstrap.split(',').next().unwrap_or(bootstrap)
+}
+
+/// A FindCoordinator request for a consumer group, in the single-key layout (up to v3).
+fn find_group_coordinator(group: StrBytes) -> FindCoordinatorRequest {
+    FindCoordinatorRequest::default()
+        .with_key(group)
+        .with_key_type(0)
 }
 
 fn connect(addr: &str) -> Result<TcpStream, String> {
