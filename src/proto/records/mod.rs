@@ -526,7 +526,7 @@ pub(crate) fn decode_batch_general(
     decode_batch_with(batch, limits, out, false)
 }
 
-/// [`decode_batch`], trying [`RecordBase::read_short`] on each record first if `fast`.
+/// [`decode_batch`], trying [`RecordBase::read_short_as`] on each record first if `fast`.
 #[inline(always)]
 fn decode_batch_with(
     batch: &RecordBatch,
@@ -579,9 +579,9 @@ fn records_that_fit(count: usize, payload_len: usize) -> usize {
 
 /// Decodes exactly `count` records filling all of `data`.
 ///
-/// If `fast`, each record is first offered to [`RecordBase::read_short`], which reads the common
-/// shapes with fewer checks per byte; whatever it declines, the general [`read_record`] reads
-/// and judges, so errors and their messages are the general reader's.
+/// If `fast`, each record is first offered to [`RecordBase::read_short_as`], which reads the
+/// common shapes with fewer checks per byte; whatever it declines, the general [`read_record`]
+/// reads and judges, so errors and their messages are the general reader's.
 #[inline(always)]
 fn decode_records(
     header: &BatchHeader,
@@ -591,10 +591,30 @@ fn decode_records(
     out: &mut Vec<Entry>,
     fast: bool,
 ) -> Result<(), ProtocolViolation> {
+    let base = RecordBase::new(header);
+    // The timestamp's source is chosen here, once per batch, for every record the short reader
+    // takes.
+    if base.log_append_time {
+        decode_records_as::<true>(header, base, data, count, segment, out, fast)
+    } else {
+        decode_records_as::<false>(header, base, data, count, segment, out, fast)
+    }
+}
+
+/// [`decode_records`] for a batch whose `log_append_time` is `APPEND`.
+#[inline(always)]
+fn decode_records_as<const APPEND: bool>(
+    header: &BatchHeader,
+    base: RecordBase,
+    data: &[u8],
+    count: usize,
+    segment: u32,
+    out: &mut Vec<Entry>,
+    fast: bool,
+) -> Result<(), ProtocolViolation> {
     // A hostile count must not reserve more than the bytes could hold.
     let fit = records_that_fit(count, data.len());
     out.reserve(fit);
-    let base = RecordBase::new(header);
     let mut cursor = Cursor::new(data);
     // The records the short reader takes, from the first on, are written straight into slots
     // made for all of them: no capacity check and no length update per record. (A count the
@@ -603,16 +623,12 @@ fn decode_records(
     if fast && count == fit {
         let start = out.len();
         out.resize(start + count, Entry::EMPTY);
-        (done, cursor.pos) = if base.log_append_time {
-            base.fill_short::<true>(data, segment, &mut out[start..])
-        } else {
-            base.fill_short::<false>(data, segment, &mut out[start..])
-        };
+        (done, cursor.pos) = base.fill_short::<APPEND>(data, segment, &mut out[start..]);
         out.truncate(start + done);
     }
     for i in done..count {
         let short = if fast {
-            base.read_short(data, cursor.pos, segment)
+            base.read_short_as::<APPEND>(data, cursor.pos, segment)
         } else {
             None
         };
@@ -682,7 +698,7 @@ fn read_record(base: &RecordBase, segment: u32, cursor: &mut Cursor<'_>) -> Resu
     }
 
     let (offset_delta, timestamp) = base
-        .place(offset_delta, timestamp_delta)
+        .place(base.log_append_time, offset_delta, timestamp_delta)
         .ok_or_else(|| base.misplaced(offset_delta, timestamp_delta))?;
     Ok(Entry {
         timestamp,
@@ -717,26 +733,14 @@ impl RecordBase {
     /// `DefaultRecord.readFrom`'s checks), or `None` if they are out of range:
     /// [`misplaced`](Self::misplaced) says how. A delta within `0..=last_offset_delta` gives an
     /// offset that fits: [`BatchHeader::check`] refused every batch whose last offset overflows.
+    /// `append` is the batch's `log_append_time`: the short reader passes its constant, so
+    /// that the choice folds away there.
     #[inline(always)]
-    fn place(&self, offset_delta: i32, timestamp_delta: i64) -> Option<(u32, i64)> {
-        if self.log_append_time {
-            self.place_as::<true>(offset_delta, timestamp_delta)
-        } else {
-            self.place_as::<false>(offset_delta, timestamp_delta)
-        }
-    }
-
-    /// [`place`](Self::place) for a batch whose `log_append_time` is `APPEND`.
-    #[inline(always)]
-    fn place_as<const APPEND: bool>(
-        &self,
-        offset_delta: i32,
-        timestamp_delta: i64,
-    ) -> Option<(u32, i64)> {
+    fn place(&self, append: bool, offset_delta: i32, timestamp_delta: i64) -> Option<(u32, i64)> {
         if offset_delta < 0 || offset_delta > self.last_offset_delta {
             return None;
         }
-        let timestamp = if APPEND {
+        let timestamp = if append {
             self.max_timestamp
         } else {
             self.base_timestamp.checked_add(timestamp_delta)?
@@ -778,16 +782,6 @@ impl RecordBase {
             filled += 1;
         }
         (filled, pos)
-    }
-
-    /// [`read_short_as`](Self::read_short_as) for this batch's timestamp type.
-    #[inline(always)]
-    fn read_short(self, data: &[u8], pos: usize, segment: u32) -> Option<(Entry, usize)> {
-        if self.log_append_time {
-            self.read_short_as::<true>(data, pos, segment)
-        } else {
-            self.read_short_as::<false>(data, pos, segment)
-        }
     }
 
     /// The record at `pos` and the position after it, if every varint in the record takes at
@@ -838,7 +832,7 @@ impl RecordBase {
             return None;
         }
         let (offset_delta, timestamp) =
-            self.place_as::<APPEND>(offset_delta, i64::from(timestamp_delta))?;
+            self.place(APPEND, offset_delta, i64::from(timestamp_delta))?;
         Some((
             Entry {
                 timestamp,
