@@ -182,6 +182,10 @@ impl Consumer {
             )
         })?;
         let config = Arc::new(config);
+        // Chosen here rather than while the first response is checked.
+        if config.check_crcs() {
+            crate::proto::records::prepare_batch_crc32c();
+        }
         let opts = ConnOptions {
             client_id: StrBytes::from_string(config.client_id().to_owned()),
             max_response_size: config.max_response_size(),

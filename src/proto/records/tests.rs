@@ -1270,6 +1270,8 @@ fn fast_reader_agrees_with_the_general_reader_on_mutated_batches() {
 /// several alignments; and the one in use gives the standard check value.
 #[test]
 fn crc32c_implementations_agree() {
+    let chosen = super::prepare_batch_crc32c();
+    assert_eq!(super::prepare_batch_crc32c(), chosen, "chosen once");
     assert_eq!(super::batch_crc32c(b"123456789"), 0xE306_9283);
     let data: Vec<u8> = (0..70_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
