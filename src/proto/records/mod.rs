@@ -1246,40 +1246,77 @@ fn bad_length(what: &str, len: i32) -> String {
     format!("{what} length {len} is negative or runs past the record")
 }
 
-/// The CRC-32C (Castagnoli) of `bytes`, as a record batch stores it.
-///
-/// Two implementations, chosen once per process by [`prepare_batch_crc32c`]: `crc-fast`, which
-/// folds the input with carry-less multiplication, and `crc32c`, which runs three interleaved
-/// streams of the CRC32 instruction. Which is faster depends on the CPU: with AVX-512 and
-/// VPCLMULQDQ `crc-fast` folds 512 bits at a time and is about twice as fast; on an AMD EPYC
-/// of family 23 (no AVX-512, a CRC32 instruction of low throughput) its 128-bit folding still
-/// ran at 7.4 GB/s against 5.4; elsewhere `crc32c` can be the faster of the two.
+/// The CRC-32C (Castagnoli) of `bytes`, as a record batch stores it, by the implementation
+/// [`prepare_batch_crc32c`] chose for this CPU.
 #[inline]
 pub(crate) fn batch_crc32c(bytes: &[u8]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if prepare_batch_crc32c() == CrcImpl::Folding {
-        // A CRC-32C is 32 bits wide: the upper half of `checksum`'s result is zero.
-        return crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32;
+    crc32c_by(prepare_batch_crc32c(), bytes)
+}
+
+/// The CRC-32C of `bytes` by `imp`. Every implementation gives the same result for every input
+/// (tested); they differ only in speed, and which is fastest depends on the CPU:
+///
+/// - with AVX-512 and VPCLMULQDQ, `crc-fast`'s CRC-32/ISCSI folds 512 bits at a time and is
+///   about twice as fast as `crc32c`;
+/// - on an AMD EPYC of family 23 (no AVX-512, a CRC32 instruction that issues once every three
+///   cycles), `crc-fast`'s folding with 128-bit PCLMULQDQ alone ran at 9.4–10.0 GB/s, its
+///   CRC-32/ISCSI (that folding fused with CRC32 instructions) at 7.0–7.7 and `crc32c` at
+///   4.7–5.6 (16 KiB to 1 MiB);
+/// - where the CRC32 instruction issues every cycle, `crc32c` or the fused code can be the
+///   faster.
+#[inline]
+pub(crate) fn crc32c_by(imp: CrcImpl, bytes: &[u8]) -> u32 {
+    // A CRC-32C is 32 bits wide: the upper half of `crc-fast`'s results is zero.
+    match imp {
+        CrcImpl::Fused => crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32,
+        CrcImpl::Carryless => crc_fast::checksum_with_params(carryless_params(), bytes) as u32,
+        CrcImpl::Instruction => crc32c::crc32c(bytes),
     }
-    crc32c::crc32c(bytes)
+}
+
+/// CRC-32C's parameters as custom ones, which take `crc-fast` down its generic carry-less
+/// folding rather than the code it keeps for CRC-32/ISCSI by name.
+fn carryless_params() -> crc_fast::CrcParams {
+    static PARAMS: std::sync::OnceLock<crc_fast::CrcParams> = std::sync::OnceLock::new();
+    *PARAMS.get_or_init(|| {
+        crc_fast::CrcParams::new(
+            "CRC-32C by carry-less folding",
+            32,
+            0x1EDC_6F41,
+            0xFFFF_FFFF,
+            true,
+            0xFFFF_FFFF,
+            0xE306_9283,
+        )
+    })
 }
 
 /// An implementation of [`batch_crc32c`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CrcImpl {
-    /// `crc-fast`: carry-less multiplication.
-    Folding,
-    /// `crc32c`: the CRC32 instruction (or its tables where the CPU lacks it).
+    /// `crc-fast`'s CRC-32/ISCSI: VPCLMULQDQ folding with AVX-512; otherwise carry-less
+    /// folding fused with interleaved CRC32 instructions.
+    Fused,
+    /// `crc-fast`'s generic carry-less folding (PCLMULQDQ on x86-64), with CRC-32C's
+    /// parameters.
+    Carryless,
+    /// `crc32c`: three interleaved streams of the CRC32 instruction (or its tables where the
+    /// CPU lacks it).
     Instruction,
+}
+
+impl CrcImpl {
+    /// Every implementation.
+    pub(crate) const ALL: [CrcImpl; 3] = [CrcImpl::Fused, CrcImpl::Carryless, CrcImpl::Instruction];
 }
 
 /// Chooses [`batch_crc32c`]'s implementation, once per process, and returns it. The consumer
 /// calls it when it is created, so that the choice is not made on a fetch response's path.
 ///
-/// With AVX-512 (VL) and VPCLMULQDQ: `crc-fast`. Otherwise, where the CPU has PCLMULQDQ, both
-/// are timed over the same 64 KiB, alternately, and the faster of the best of five runs each is
-/// kept (about 0.1 ms): no feature list tells which is faster on a given core. Both give the
-/// same result for every input (tested), so the choice changes only the speed.
+/// With AVX-512 (VL) and VPCLMULQDQ: [`CrcImpl::Fused`]. Otherwise, where the CPU has
+/// PCLMULQDQ, the three are timed over the same 64 KiB, in turn, and the fastest by the best of
+/// five runs each is kept (about 0.2 ms): no feature list tells which is fastest on a given
+/// core.
 pub(crate) fn prepare_batch_crc32c() -> CrcImpl {
     static CHOICE: std::sync::OnceLock<CrcImpl> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| {
@@ -1296,30 +1333,26 @@ fn choose_crc_impl() -> CrcImpl {
     if std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("vpclmulqdq")
     {
-        return CrcImpl::Folding;
+        return CrcImpl::Fused;
     }
     if !std::arch::is_x86_feature_detected!("pclmulqdq") {
         return CrcImpl::Instruction;
     }
-    // Neither implementation's speed depends on the bytes.
+    // No implementation's speed depends on the bytes.
     let data = vec![0x5a_u8; 64 * 1024];
-    let (mut instruction, mut folding) = (Duration::MAX, Duration::MAX);
+    let mut best = [Duration::MAX; CrcImpl::ALL.len()];
     for _ in 0..5 {
-        let t = Instant::now();
-        black_box(crc32c::crc32c(black_box(&data)));
-        instruction = instruction.min(t.elapsed());
-        let t = Instant::now();
-        black_box(crc_fast::checksum(
-            crc_fast::CrcAlgorithm::Crc32Iscsi,
-            black_box(&data),
-        ));
-        folding = folding.min(t.elapsed());
+        for (imp, best) in CrcImpl::ALL.iter().zip(best.iter_mut()) {
+            let t = Instant::now();
+            black_box(crc32c_by(*imp, black_box(&data)));
+            *best = (*best).min(t.elapsed());
+        }
     }
-    if folding < instruction {
-        CrcImpl::Folding
-    } else {
-        CrcImpl::Instruction
-    }
+    CrcImpl::ALL
+        .into_iter()
+        .zip(best)
+        .min_by_key(|&(_, time)| time)
+        .map_or(CrcImpl::Instruction, |(imp, _)| imp)
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -1265,14 +1265,17 @@ fn fast_reader_agrees_with_the_general_reader_on_mutated_batches() {
     );
 }
 
-/// The two CRC-32C implementations the decoder chooses between agree with each other, at every
+/// The CRC-32C implementations the decoder chooses between agree with `crc32c`, at every
 /// length up to a few cache lines and around the sizes where their code paths change, from
-/// several alignments; and the one in use gives the standard check value.
+/// several alignments; each gives the standard check value, and so does the one in use.
 #[test]
 fn crc32c_implementations_agree() {
-    let chosen = super::prepare_batch_crc32c();
-    assert_eq!(super::prepare_batch_crc32c(), chosen, "chosen once");
+    use super::{CrcImpl, crc32c_by};
     assert_eq!(super::batch_crc32c(b"123456789"), 0xE306_9283);
+    for imp in CrcImpl::ALL {
+        assert_eq!(crc32c_by(imp, b"123456789"), 0xE306_9283, "{imp:?}");
+        assert_eq!(crc32c_by(imp, b""), 0, "{imp:?}");
+    }
     let data: Vec<u8> = (0..70_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -1283,8 +1286,13 @@ fn crc32c_implementations_agree() {
         for offset in 0..4 {
             let bytes = &data[offset..offset + len];
             let reference = crc32c::crc32c(bytes);
-            let wide = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes);
-            assert_eq!(wide, u64::from(reference), "length {len}, offset {offset}");
+            for imp in CrcImpl::ALL {
+                assert_eq!(
+                    crc32c_by(imp, bytes),
+                    reference,
+                    "{imp:?}, length {len}, offset {offset}"
+                );
+            }
             assert_eq!(
                 super::batch_crc32c(bytes),
                 reference,
