@@ -1,8 +1,10 @@
 //! Fetch-path decode cost: a ~1 MiB `FetchResponse` (one partition, ~16 KiB batches of ~100-byte
 //! JSON-like values) per codec, checked by the structural guard, decoded from `Bytes`, split into
-//! batches, and every batch decoded into reused `Records`; and the guard alone. Throughput is counted in uncompressed record-batch bytes, the
-//! same for every codec. kafka-protocol's own `RecordBatchDecoder` runs on the same bytes as a
-//! baseline (its lz4 and zstd are the C libraries).
+//! batches, and every batch decoded into reused `Records`; the guard alone; and the CRC-32C
+//! implementations the decoder chooses between (`crc32c` group). Throughput is counted in
+//! uncompressed record-batch bytes, the same for every codec. kafka-protocol's own
+//! `RecordBatchDecoder` runs on the same bytes as a baseline (its lz4 and zstd are the C
+//! libraries).
 //!
 //! An instrumented global allocator (`stats_alloc`) prints allocations per record for each codec before the
 //! measurements.
@@ -22,7 +24,9 @@ use kafka_protocol::records::{
     RecordEncodeOptions, TimestampType,
 };
 use kafka_source::Records;
-use kafka_source::records::{BatchIter, DecodeLimits, check_fetch_response, decode_batch};
+use kafka_source::records::{
+    BatchIter, DecodeLimits, check_fetch_response, crc32c_implementations, decode_batch,
+};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 /// The system allocator, instrumented: counts allocations and reallocations.
@@ -237,6 +241,23 @@ fn bench(c: &mut Criterion) {
     group.bench_function("check_fetch_response", |b| {
         b.iter(|| check_fetch_response(black_box(frame), FETCH_VERSION).unwrap())
     });
+    group.finish();
+
+    // The CRC-32C implementations the consumer chooses between, side by side on this CPU: it
+    // times them once when it is created (except with AVX-512 and VPCLMULQDQ, where it takes
+    // `crc-fast`'s fused code untimed) and keeps the fastest.
+    let mut group = c.benchmark_group("crc32c");
+    for size in [1usize << 10, 16 << 10, 256 << 10, 1 << 20] {
+        let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 13) as u8).collect();
+        let reference = crc32c::crc32c(&data);
+        group.throughput(Throughput::Bytes(size as u64));
+        for (name, crc) in crc32c_implementations() {
+            assert_eq!(crc(&data), reference, "{name}");
+            group.bench_function(format!("{name}/{size}"), |b| {
+                b.iter(|| crc(black_box(&data)))
+            });
+        }
+    }
     group.finish();
 }
 

@@ -29,6 +29,22 @@ pub use crate::proto::records::{
     DecodeLimits, RecordBatch, control_type, decode_batch,
 };
 
+/// One CRC-32C implementation: the checksum of a byte slice.
+#[doc(hidden)]
+pub type Crc32cFn = fn(&[u8]) -> u32;
+
+/// The CRC-32C implementations the decoder chooses between, by name, each as the decoder runs
+/// it: for the decode bench, which times them side by side.
+#[doc(hidden)]
+pub fn crc32c_implementations() -> [(&'static str, Crc32cFn); 3] {
+    use crate::proto::records::{CrcImpl, crc32c_by};
+    [
+        ("crc32c", |b| crc32c_by(CrcImpl::Instruction, b)),
+        ("crc-fast-fused", |b| crc32c_by(CrcImpl::Fused, b)),
+        ("crc-fast-carryless", |b| crc32c_by(CrcImpl::Carryless, b)),
+    ]
+}
+
 /// Checks the structure of a FetchResponse `body` (after the response header) at `version`
 /// before it is handed to kafka-protocol's decoder.
 ///
