@@ -29,20 +29,14 @@ pub use crate::proto::records::{
     DecodeLimits, RecordBatch, control_type, decode_batch,
 };
 
-/// One CRC-32C implementation: the checksum of a byte slice.
+/// The CRC-32C implementations the decoder chooses between, each by its name and as the
+/// decoder runs it: for the decode bench, which times them side by side.
 #[doc(hidden)]
-pub type Crc32cFn = fn(&[u8]) -> u32;
-
-/// The CRC-32C implementations the decoder chooses between, by name, each as the decoder runs
-/// it: for the decode bench, which times them side by side.
-#[doc(hidden)]
-pub fn crc32c_implementations() -> [(&'static str, Crc32cFn); 3] {
+pub fn crc32c_implementations() -> impl Iterator<Item = (&'static str, impl Fn(&[u8]) -> u32)> {
     use crate::proto::records::{CrcImpl, crc32c_by};
-    [
-        ("crc32c", |b| crc32c_by(CrcImpl::Instruction, b)),
-        ("crc-fast-fused", |b| crc32c_by(CrcImpl::Fused, b)),
-        ("crc-fast-carryless", |b| crc32c_by(CrcImpl::Carryless, b)),
-    ]
+    CrcImpl::ALL
+        .into_iter()
+        .map(|imp| (imp.name(), move |bytes: &[u8]| crc32c_by(imp, bytes)))
 }
 
 /// Checks the structure of a FetchResponse `body` (after the response header) at `version`

@@ -1308,6 +1308,15 @@ pub(crate) enum CrcImpl {
 impl CrcImpl {
     /// Every implementation.
     pub(crate) const ALL: [CrcImpl; 3] = [CrcImpl::Fused, CrcImpl::Carryless, CrcImpl::Instruction];
+
+    /// The name the decode bench and the consumer's debug log give it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            CrcImpl::Fused => "crc-fast-fused",
+            CrcImpl::Carryless => "crc-fast-carryless",
+            CrcImpl::Instruction => "crc32c",
+        }
+    }
 }
 
 /// Chooses [`batch_crc32c`]'s implementation, once per process, and returns it. The consumer
@@ -1321,7 +1330,10 @@ pub(crate) fn prepare_batch_crc32c() -> CrcImpl {
     static CHOICE: std::sync::OnceLock<CrcImpl> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| {
         let choice = choose_crc_impl();
-        tracing::debug!(?choice, "CRC-32C implementation for record batches");
+        tracing::debug!(
+            choice = choice.name(),
+            "CRC-32C implementation for record batches"
+        );
         choice
     })
 }
