@@ -211,10 +211,15 @@ async fn out_of_range_offsets() {
 /// Start-up against one broker takes two connections, not three: once metadata names the node
 /// at the bootstrap address, the bootstrap connection becomes its control connection, and the
 /// spare opened to the same address beside it becomes its data connection. ListOffsets is sent
-/// once, before the first Metadata answer, on the spare (the broker answers the two at once),
-/// and its answer is taken; only if Metadata were answered before the spare is ready would it
-/// follow on the bootstrap connection. A recording proxy in front of the broker counts the
-/// connections and sorts the requests and answers by connection.
+/// once, with the first Metadata request: on the spare once it has negotiated its versions (the
+/// broker answers the two at once), and its answer is taken; only if Metadata is answered
+/// before the spare is ready does it follow on the bootstrap connection. A recording proxy in
+/// front of the broker counts the connections and sorts the requests and answers by
+/// connection. Only each connection's own order is asserted: the proxy passes the two
+/// connections' bytes in an order the client may see differently (a spare ready in the same
+/// instant as the Metadata answer takes ListOffsets, which then passes the proxy after that
+/// answer). ListOffsets on the spare shows it was sent ahead: one planned after the Metadata
+/// answer goes to the node's control connection, the bootstrap one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
     use kafka_protocol::messages::ApiKey;
@@ -291,10 +296,9 @@ async fn start_up_takes_over_the_bootstrap_connection_and_a_spare() {
         );
         let passed = proxy.passed();
         let at = |what: (usize, Passed)| passed.iter().position(|p| *p == what);
-        assert!(
-            at((1, Request(ApiKey::ListOffsets))) < at((0, Response(ApiKey::Metadata))),
-            "ListOffsets waited for the Metadata answer: {passed:?}"
-        );
+        if at((1, Request(ApiKey::ListOffsets))) > at((0, Response(ApiKey::Metadata))) {
+            println!("the spare was ready as Metadata was answered: {passed:?}");
+        }
     } else {
         println!("the spare was not ready before the Metadata answer: ListOffsets followed it");
         assert_passed(
