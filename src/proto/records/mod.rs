@@ -774,6 +774,7 @@ impl RecordBase {
         let mut pos = 0;
         let mut filled = 0;
         for slot in slots {
+            prefetch_ahead(data, pos);
             let Some((record, next)) = self.read_short_as::<APPEND>(data, pos, segment) else {
                 break;
             };
@@ -844,6 +845,41 @@ impl RecordBase {
             end,
         ))
     }
+}
+
+/// How far ahead of the record being decoded [`prefetch_ahead`] asks for the bytes.
+///
+/// A fetch response of several partitions is larger than a core's L2 cache, and the
+/// application decodes a partition's chunk after the network loop has read on, so its bytes
+/// are often no longer in the decoding core's caches, and the hardware prefetcher alone does
+/// not keep up with the decoder. In alternating end-to-end runs of 100-byte records, eight
+/// partitions ran 1.09–1.12× as fast with it and one partition 1.00–1.04×; 0.5, 1 and 4 KiB
+/// ahead did no better than 2. Where the bytes are still in cache (the decode bench decodes one
+/// response over and over) the extra instructions cost 5–15 %.
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks the CPU to bring the two cache lines [`PREFETCH_AHEAD`] bytes past `pos` into cache, if
+/// they are in `data`: two because a typical record spans more than one line. A hint only, with
+/// no effect on what is read.
+#[inline(always)]
+fn prefetch_ahead(data: &[u8], pos: usize) {
+    #[cfg(all(
+        any(target_arch = "x86", target_arch = "x86_64"),
+        target_feature = "sse"
+    ))]
+    {
+        if let Some(byte) = data.get(pos + PREFETCH_AHEAD) {
+            safe_arch::prefetch_t0(byte);
+        }
+        if let Some(byte) = data.get(pos + PREFETCH_AHEAD + 64) {
+            safe_arch::prefetch_t0(byte);
+        }
+    }
+    #[cfg(not(all(
+        any(target_arch = "x86", target_arch = "x86_64"),
+        target_feature = "sse"
+    )))]
+    let _ = (data, pos);
 }
 
 /// A zigzag varint of one or two bytes at `pos`, and the position after it.
