@@ -849,10 +849,9 @@ impl RecordBase {
 
 /// How far ahead of the record being decoded [`prefetch_ahead`] asks for the bytes.
 ///
-/// A fetch response of several partitions is larger than a core's L2 cache, and the
-/// application decodes a partition's chunk after the network loop has read on, so its bytes
-/// are often no longer in the decoding core's caches, and the hardware prefetcher alone does
-/// not keep up with the decoder. In alternating end-to-end runs of 100-byte records, eight
+/// The bytes of a large response have often left the cache by the time they are decoded (the
+/// reason the CRC is checked on arrival, see `crc_scan`), and the hardware prefetcher alone
+/// does not keep up with the decoder. In alternating end-to-end runs of 100-byte records, eight
 /// partitions ran 1.09–1.12× as fast with it and one partition 1.00–1.04×; 0.5, 1 and 4 KiB
 /// ahead did no better than 2. Where the bytes are still in cache (the decode bench decodes one
 /// response over and over) the extra instructions cost 5–15 %.
