@@ -616,15 +616,32 @@ fn decode_records_as<const APPEND: bool>(
     let fit = records_that_fit(count, data.len());
     out.reserve(fit);
     let mut cursor = Cursor::new(data);
-    // The records the short reader takes, from the first on, are written straight into slots
-    // made for all of them: no capacity check and no length update per record. (A count the
-    // bytes cannot hold is malformed; the loop below says how.)
+    // The records the short reader takes, from the first on, are written into slots made for
+    // them: no capacity check and no length update per record. (A count the bytes cannot hold
+    // is malformed; the loop below says how.) A small batch gets its slots in `out` itself; a
+    // larger one fills a buffer on the stack, which stays in the L1 cache, and copies each
+    // buffer full to `out`: slots made in `out` first would write each entry's memory twice.
     let mut done = 0;
     if fast && count == fit {
-        let start = out.len();
-        out.resize(start + count, Entry::EMPTY);
-        (done, cursor.pos) = base.fill_short::<APPEND>(data, segment, &mut out[start..]);
-        out.truncate(start + done);
+        if count <= FILL_CHUNK {
+            let start = out.len();
+            out.resize(start + count, Entry::EMPTY);
+            (done, cursor.pos) = base.fill_short::<APPEND>(data, 0, segment, &mut out[start..]);
+            out.truncate(start + done);
+        } else {
+            let mut slots = [Entry::EMPTY; FILL_CHUNK];
+            loop {
+                let want = (count - done).min(FILL_CHUNK);
+                let (filled, pos) =
+                    base.fill_short::<APPEND>(data, cursor.pos, segment, &mut slots[..want]);
+                out.extend_from_slice(&slots[..filled]);
+                done += filled;
+                cursor.pos = pos;
+                if filled < want || done == count {
+                    break;
+                }
+            }
+        }
     }
     for i in done..count {
         let short = if fast {
@@ -761,17 +778,17 @@ impl RecordBase {
         }
     }
 
-    /// Reads records with [`read_short_as`](Self::read_short_as) from the start of `data` into
+    /// Reads records with [`read_short_as`](Self::read_short_as) from `pos` in `data` into
     /// `slots` until one is declined or the slots are full: how many were read, and the
     /// position after the last. `APPEND` is the batch's `log_append_time`.
     #[inline(always)]
     fn fill_short<const APPEND: bool>(
         self,
         data: &[u8],
+        mut pos: usize,
         segment: u32,
         slots: &mut [Entry],
     ) -> (usize, usize) {
-        let mut pos = 0;
         let mut filled = 0;
         for slot in slots {
             prefetch_ahead(data, pos);
@@ -846,6 +863,10 @@ impl RecordBase {
         ))
     }
 }
+
+/// How many entries the short reader fills on the stack before they are copied to the
+/// records (2 KiB). In alternating end-to-end runs on one partition, 16, 64 and 256 did alike.
+const FILL_CHUNK: usize = 64;
 
 /// How far ahead of the record being decoded [`prefetch_ahead`] asks for the bytes.
 ///

@@ -1207,12 +1207,70 @@ fn a_long_record_between_short_ones_is_read_in_place() {
     }
 }
 
+/// Batches of more records than the short reader fills on the stack at once, with records it
+/// declines before, on and after the edges of those fills: the same entries as the general
+/// reader alone gives, under both timestamp types, and every record where it belongs.
+#[test]
+fn records_across_the_short_readers_fills_are_read_in_place() {
+    use super::FILL_CHUNK;
+    let long = [3u8; 9000];
+    let c = FILL_CHUNK as i64;
+    let shapes: [(i64, &[i64]); 6] = [
+        (c, &[]),
+        (c + 1, &[c]),
+        (2 * c, &[c - 1, c, c + 1]),
+        (2 * c + 1, &[0, 2 * c]),
+        (3 * c + 7, &[1, c - 1, 2 * c, 2 * c + 1, 3 * c + 6]),
+        (5 * c, &[]),
+    ];
+    for (count, longs) in shapes {
+        let value = |o: i64| -> &[u8] { if longs.contains(&o) { &long } else { b"short" } };
+        let records: Vec<_> = (0..count)
+            .map(|o| record(o, 1_700_000_000_000 + o, None, Some(value(o)), &[]))
+            .collect();
+        let bytes = encode(&records, KpCompression::None);
+        let attributes = i16::from_be_bytes([bytes[21], bytes[22]]);
+        let appended = patched(&bytes, |b| {
+            set_attributes(b, attributes | LOG_APPEND_TIME_FLAG)
+        });
+        for (bytes, append) in [(bytes, false), (appended, true)] {
+            let batch = one_batch(bytes);
+            let limits = DecodeLimits::default().with_check_crc(false);
+            let (mut fast, mut general) = (Records::new(), Records::new());
+            decode_batch(&batch, &limits, &mut fast).unwrap();
+            decode_batch_general(&batch, &limits, &mut general).unwrap();
+            assert_eq!(
+                fast.entries, general.entries,
+                "{count} records, append {append}"
+            );
+            assert_eq!(fast.len(), usize::try_from(count).unwrap());
+            for (o, r) in (0i64..).zip(&fast) {
+                assert_eq!(r.offset, o, "{count} records");
+                assert_eq!(r.value, Some(value(o)), "{count} records, offset {o}");
+            }
+        }
+    }
+}
+
 /// Mutated batches, CRC unchecked so the mutations reach the record readers: decoding with
 /// the fast reader first gives exactly what the general reader alone gives, the same entries
 /// or the same error.
 #[test]
 fn fast_reader_agrees_with_the_general_reader_on_mutated_batches() {
-    let batch = fast_and_slow_records();
+    let small = fast_and_slow_records();
+    // More records than the short reader fills on the stack at once.
+    let large_records: Vec<_> = (0..3 * i64::try_from(super::FILL_CHUNK).unwrap())
+        .map(|o| {
+            let key = (o % 3 == 0).then_some(b"key".as_slice());
+            let headers: &[Header<'_>] = if o % 50 == 7 {
+                &[("h", Some(b"v"))]
+            } else {
+                &[]
+            };
+            record(o, 1_700_000_000_000 + o, key, Some(b"a value"), headers)
+        })
+        .collect();
+    let large = encode(&large_records, KpCompression::None);
     let limits = DecodeLimits::default().with_check_crc(false);
     // Values near the varint boundaries, and any byte.
     const BYTES: [u8; 8] = [0x00, 0x01, 0x02, 0x7e, 0x7f, 0x80, 0x81, 0xff];
@@ -1225,13 +1283,19 @@ fn fast_reader_agrees_with_the_general_reader_on_mutated_batches() {
     };
     let (mut accepted, mut rejected) = (0, 0);
     for round in 0..30_000 {
-        let mut bytes = batch.to_vec();
+        // Every 4th round mutates the large batch anywhere.
+        let large_round = round % 4 == 3;
+        let mut bytes = if large_round {
+            large.to_vec()
+        } else {
+            small.to_vec()
+        };
         // Every 8th round uses log-append time.
         if round % 8 == 0 {
             bytes[ATTRIBUTES_OFFSET + 1] |= 0x08;
         }
         // Most mutations land in the first records, where the short ones are.
-        let span = if round % 2 == 0 {
+        let span = if round % 2 == 0 && !large_round {
             200
         } else {
             bytes.len() - BATCH_HEADER_LEN
