@@ -12,6 +12,10 @@ use crate::{Case, Client, JIT_QUIET_RUNS, LATENCY_CLIENTS, Measured, Plan, WarmU
 
 const MIB: f64 = (1u64 << 20) as f64;
 
+/// kafka-source's own CPU, in cores busy over its run, from which the report says that its
+/// rate was bound by its own work running on one core rather than by the machine.
+const SERIAL_BUSY: f64 = 0.5;
+
 /// The machine the run was on.
 #[derive(Debug, Clone)]
 pub(crate) struct Machine {
@@ -751,7 +755,9 @@ impl Report {
     /// `case` at `share` of the raw-fetch ceiling's rate, from the medians (among `set`) of the CPU
     /// both used per record; `None` without broker CPU figures. Where that is more than the
     /// machine has, no overlap of the two can meet the target at that CPU cost, and the line
-    /// says how much CPU per record kafka-source would have to shed.
+    /// says how much CPU per record kafka-source would have to shed. Where the machine had room
+    /// but kafka-source alone kept most of one core busy, it says so and how much it would
+    /// have to shed at that share of a core.
     fn cpu_budget(&self, set: &[ThroughputRun], case: usize, share: f64) -> Option<String> {
         // The broker's JIT compiler is left out: it compiles once, not per record.
         let cpu = |client: Client| -> Option<(f64, f64)> {
@@ -809,6 +815,20 @@ impl Report {
                      these figures cannot tell what kafka-source would have to shed.",
                 );
             }
+        } else if (SERIAL_BUSY..=1.0).contains(&(ours * ours_rate / 1e6)) {
+            // The machine had room, but kafka-source's own work was nearly a core's worth: its
+            // steps ran one after another, so its CPU per record set its rate.
+            let own_busy = ours * ours_rate / 1e6;
+            let allowed = own_busy / target * 1e6;
+            let _ = write!(
+                line,
+                ", and kafka-source alone kept {own_busy:.2} of a core busy: the runtime runs \
+                 the reading of a response and the decoding of the one before on one worker, \
+                 one after the other, so its own CPU per record sets its rate. At that share of \
+                 a core it would have to use at most {allowed:.3} s per million records ({:.0} % \
+                 less).",
+                (1.0 - allowed / ours) * 100.0
+            );
         } else {
             line.push('.');
         }
