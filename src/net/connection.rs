@@ -27,7 +27,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::error::{ApiContext, BrokerRef, Error, ProtocolViolation, Result};
-use crate::net::frame_pool::FramePool;
+use crate::net::frame_pool::{FrameBuf, FramePool, ReadInto};
 use crate::proto::crc_scan::{Checked, CrcScan};
 use crate::proto::frame;
 use crate::proto::versions::{BrokerVersions, Window};
@@ -518,7 +518,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
     // connection's a little larger). Cut from the shared read buffer instead, a frame would
     // keep that whole buffer alive (and it grows by doubling) for as long as any frame cut
     // from it is held: memory the fetch budget, which counts frame bytes, would not see.
-    let mut frame = pool.take(len.min(GROW_STEP));
+    let mut frame = pool.take(len.min(GROW_STEP), len <= GROW_STEP);
     frame.extend_from_slice(&buf[frame::LENGTH_PREFIX..]);
     buf.clear();
     // Looked up once the correlation id is in (it almost always came with the head read).
@@ -529,30 +529,54 @@ async fn read_frame<R: AsyncRead + Unpin>(
             frame.reserve_exact((len - frame.len()).min(GROW_STEP));
         }
         if scan.is_none()
-            && let Some(id) = frame.first_chunk::<4>()
+            && let Some(id) = frame.as_slice().first_chunk::<4>()
         {
             scan = Some(scan_for(i32::from_be_bytes(*id)));
         }
         // Never past this frame: what follows belongs to the next one.
         let missing = len - frame.len();
-        match scan.as_mut() {
+        let limit = match scan.as_mut() {
             Some(Some(s)) => {
                 if frame.len() - scanned >= SCAN_STEP {
-                    s.advance(&frame);
+                    s.advance(frame.as_slice());
                     scanned = frame.len();
                 }
-                read_some(rd, &mut (&mut frame).limit(missing.min(SCAN_READ))).await?;
+                missing.min(SCAN_READ)
             }
-            _ => read_some(rd, &mut (&mut frame).limit(missing)).await?,
-        }
+            _ => missing,
+        };
+        read_part(rd, &mut frame, limit).await?;
     }
     let scan = scan.flatten().map(|mut s| {
-        s.advance(&frame);
+        s.advance(frame.as_slice());
         s
     });
     let frame = pool.frame(frame);
     let checked = scan.map_or_else(Checked::default, |s| s.finish(&frame));
     Ok((frame, checked))
+}
+
+/// One read of at most `limit` bytes into `frame`; the end of the stream is an error.
+async fn read_part<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    frame: &mut FrameBuf,
+    limit: usize,
+) -> Result<(), ReadError> {
+    match frame.read_into() {
+        ReadInto::Heap(v) => read_some(rd, &mut v.limit(limit)).await,
+        ReadInto::Mapped { room, filled } => {
+            let end = limit.min(room.len());
+            // A slice is a `BufMut` that advances past what a read fills.
+            match rd.read_buf(&mut &mut room[..end]).await {
+                Ok(0) => Err(closed()),
+                Ok(n) => {
+                    *filled += n;
+                    Ok(())
+                }
+                Err(e) => Err(ReadError::Io(e)),
+            }
+        }
+    }
 }
 
 async fn fill<R: AsyncRead + Unpin>(
@@ -570,13 +594,18 @@ async fn read_some<R: AsyncRead + Unpin, B: BufMut>(
     buf: &mut B,
 ) -> Result<(), ReadError> {
     match rd.read_buf(buf).await {
-        Ok(0) => Err(ReadError::Io(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "broker closed the connection",
-        ))),
+        Ok(0) => Err(closed()),
         Ok(_) => Ok(()),
         Err(e) => Err(ReadError::Io(e)),
     }
+}
+
+/// The end of the stream, where more of a frame was due.
+fn closed() -> ReadError {
+    ReadError::Io(std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "broker closed the connection",
+    ))
 }
 
 fn deliver(shared: &Shared, (frame, checked): (Bytes, Checked)) -> Result<(), ReadError> {
@@ -833,6 +862,55 @@ mod tests {
                 !pool.spare_capacities().is_empty(),
                 "cut {cut}: buffers came back"
             );
+        }
+    }
+
+    /// A frame read into a mapping of its own (2 MiB and more) arrives whole however the
+    /// stream is cut, never takes bytes of the frame after it, and its mapping serves the next
+    /// frame of about its size.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn large_frames_arrive_whole_in_their_own_mappings() {
+        let sizes = [3usize << 20, 10, (3 << 20) - 1000, 2 << 20, 5];
+        let mut wire = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            wire.extend_from_slice(&i32::try_from(n).unwrap().to_be_bytes());
+            wire.extend((0..n).map(|k| (k * 7 + i) as u8));
+        }
+        for cut in [1000usize, 65_536, 300_001, 4 << 20] {
+            let (mut tx, mut rx) = tokio::io::duplex(cut.min(1 << 20));
+            let data = wire.clone();
+            let writer = tokio::spawn(async move {
+                for piece in data.chunks(cut) {
+                    tx.write_all(piece).await.unwrap();
+                }
+            });
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            let pool = Arc::default();
+            let mut at = Vec::new();
+            for (i, &n) in sizes.iter().enumerate() {
+                let Ok((frame, _)) = read_frame(&mut rx, &mut buf, &pool, 8 << 20, &|_| None).await
+                else {
+                    panic!("cut {cut}, frame {i}: read failed");
+                };
+                assert_eq!(frame.len(), n, "cut {cut}, frame {i}");
+                assert!(
+                    frame
+                        .iter()
+                        .enumerate()
+                        .all(|(k, b)| *b == (k * 7 + i) as u8),
+                    "cut {cut}, frame {i}: wrong bytes"
+                );
+                at.push(frame.as_ptr());
+            }
+            writer.await.unwrap();
+            assert!(buf.is_empty(), "cut {cut}: nothing left over");
+            assert_eq!(
+                at[2], at[0],
+                "cut {cut}: the first mapping served the third frame"
+            );
+            // The third frame's mapping was let go for the fourth's, which did not fit it.
+            assert_eq!(pool.spare_mapped(), [true], "cut {cut}");
         }
     }
 
