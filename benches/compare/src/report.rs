@@ -824,11 +824,23 @@ impl Report {
                 line,
                 ", and kafka-source alone kept {own_busy:.2} of a core busy: the runtime runs \
                  the reading of a response and the decoding of the one before on one worker, \
-                 one after the other, so its own CPU per record sets its rate. At that share of \
-                 a core it would have to use at most {allowed:.3} s per million records ({:.0} % \
-                 less).",
-                (1.0 - allowed / ours) * 100.0
+                 one after the other, so its own CPU per record sets its rate."
             );
+            let _ = if allowed < ours {
+                write!(
+                    line,
+                    " At that share of a core it would have to use at most {allowed:.3} s per \
+                     million records ({:.0} % less).",
+                    (1.0 - allowed / ours) * 100.0
+                )
+            } else {
+                write!(
+                    line,
+                    " At that share of a core the target allows up to {allowed:.3} s per million \
+                     records, {:.0} % more than it used.",
+                    (allowed / ours - 1.0) * 100.0
+                )
+            };
         } else {
             line.push('.');
         }
