@@ -442,8 +442,9 @@ const HEAD_READ: usize = 8 * 1024;
 /// checked while the kernel's copy of them is still in the core's L2.
 const SCAN_READ: usize = 256 * 1024;
 
-/// The read limit instead of [`SCAN_READ`] while a scanned response below 2 MiB is read (one
-/// or two partitions' worth, which stays on the heap). Measured, not derived: on an AMD EPYC
+/// The read limit instead of [`SCAN_READ`] while a scanned response below [`SMALL_FRAME`] is
+/// read (one or two partitions' worth at the default 1 MiB per partition). Measured, not
+/// derived: on an AMD EPYC
 /// (family 25 model 17) one partition ran 1.08x and 1.13x as fast pair by pair (two sets of 60
 /// alternating rounds), with the same CPU per record; on an Intel Xeon (family 6 model 207)
 /// 0.98x (100 rounds). Each read hands socket buffer back to the broker sooner, which may let
@@ -452,7 +453,9 @@ const SCAN_READ: usize = 256 * 1024;
 /// record, for the four times as many reads.
 const SCAN_READ_SMALL: usize = 64 * 1024;
 
-/// Responses below this size are read [`SCAN_READ_SMALL`] at a time.
+/// Scanned responses below this size are read [`SCAN_READ_SMALL`] at a time. It happens to
+/// equal the frame pool's threshold for mapped buffers, but does not follow it: the read size
+/// matters on every platform, mapped or not.
 const SMALL_FRAME: usize = 2 << 20;
 
 /// A scan goes on once at least this much more of the frame is in (and at its end), so that a
