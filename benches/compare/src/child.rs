@@ -389,7 +389,14 @@ fn raw_commit(args: &[String]) -> Result<String, String> {
     let group: String = arg(args, 2, "GROUP")?;
     let commits: u64 = arg(args, 3, "COMMITS")?;
     let warmup: u64 = arg(args, 4, "WARMUP")?;
-    let took = raw::commit_round_trips(&bootstrap, &topic, &group, commits, warmup)?;
+    let took = raw::commit_round_trips(
+        &bootstrap,
+        &topic,
+        &group,
+        commits,
+        warmup,
+        Duration::from_millis(20),
+    )?;
     let micros: Vec<String> = took.iter().map(|d| d.as_micros().to_string()).collect();
     Ok(format!("parked_at_ack=-1 lat_us={}", micros.join(",")))
 }

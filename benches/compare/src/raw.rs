@@ -234,15 +234,17 @@ fn walk_batches(data: &Bytes) -> (u64, Option<i64>, usize) {
 
 /// The broker's own commit round trip, the floor under any client's commit latency: one
 /// blocking connection to the group coordinator that sends OffsetCommit requests (v8, no
-/// generation and no member id, as a standalone consumer commits) one at a time, every 20 ms
-/// like the latency children, and times each request's round trip. Nothing else runs on it: no
-/// fetch, no checkpoint, no handover. Returns the round trips after the first `warmup`.
+/// generation and no member id, as a standalone consumer commits) one at a time, `pace` apart
+/// (20 ms like the latency children; none for the broker's warm-up), and times each request's
+/// round trip. Nothing else runs on it: no fetch, no checkpoint, no handover. Returns the round
+/// trips after the first `warmup`.
 pub(crate) fn commit_round_trips(
     bootstrap: &str,
     topic: &str,
     group: &str,
     commits: u64,
     warmup: u64,
+    pace: Duration,
 ) -> Result<Vec<Duration>, String> {
     let mut stream = connect(first_address(bootstrap))?;
     let find = find_group_coordinator(StrBytes::from_string(group.to_owned()));
@@ -265,7 +267,9 @@ pub(crate) fn commit_round_trips(
     ))?;
     let mut took = Vec::new();
     for i in 0..warmup + commits {
-        std::thread::sleep(Duration::from_millis(20));
+        if !pace.is_zero() {
+            std::thread::sleep(pace);
+        }
         let commit = OffsetCommitRequest::default()
             .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
             .with_generation_id_or_member_epoch(-1)
