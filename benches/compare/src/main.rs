@@ -679,7 +679,7 @@ fn warm_up_commits(warmup: &mut WarmUp, bootstrap: &str, topic: &str, broker: Op
 /// OffsetCommits per chunk of the commit warm-up, the unit its JIT watch is taken over.
 pub(crate) const COMMIT_WARMUP_CHUNK: u64 = 5_000;
 /// The fewest OffsetCommits of the commit warm-up.
-const COMMIT_WARMUP_MIN: u64 = 30_000;
+pub(crate) const COMMIT_WARMUP_MIN: u64 = 30_000;
 /// The most OffsetCommits of the commit warm-up, quiet or not.
 const COMMIT_WARMUP_MAX: u64 = 150_000;
 /// The most time the commit warm-up may take.

@@ -9,8 +9,8 @@ use std::time::Duration;
 use plotters::prelude::*;
 
 use crate::{
-    COMMIT_WARMUP_CHUNK, Case, Client, JIT_QUIET_RUNS, LATENCY_CLIENTS, Measured, Plan, WarmUp,
-    latency_label,
+    COMMIT_WARMUP_CHUNK, COMMIT_WARMUP_MIN, Case, Client, JIT_QUIET_RUNS, LATENCY_CLIENTS,
+    Measured, Plan, WarmUp, latency_label,
 };
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -555,14 +555,15 @@ impl Report {
              broker's round trip alone, one blocking connection to the coordinator sending \
              OffsetCommit v8 every 20 ms, no fetch and no client machinery: the floor under any \
              client's figure. Median (min–max) over runs of each run's percentile. Before these \
-             rounds the broker handled {} OffsetCommits back to back in {:.1} s (at least \
-             30,000, and more until its JIT compiler is quiet): {}.\n",
+             rounds the broker handled {} OffsetCommits back to back in {:.1} s (at least {}, \
+             and more until its JIT compiler is quiet): {}.\n",
             p.commits,
             p.commit_warmup,
             p.reps,
             p.warmups,
             grouped(self.warmup.commits as f64),
             self.warmup.commits_secs,
+            grouped(COMMIT_WARMUP_MIN as f64),
             self.warmup.commits_jit_last.map_or_else(
                 || "its compiler threads could not be watched".to_string(),
                 |secs| format!(
