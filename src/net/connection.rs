@@ -442,20 +442,22 @@ const HEAD_READ: usize = 8 * 1024;
 /// checked while the kernel's copy of them is still in the core's L2.
 const SCAN_READ: usize = 256 * 1024;
 
-/// The read limit instead of [`SCAN_READ`] while a scanned response below [`SMALL_FRAME`] is
-/// read (one or two partitions' worth at the default 1 MiB per partition). Measured, not
-/// derived: on an AMD EPYC
-/// (family 25 model 17) one partition ran 1.08x and 1.13x as fast pair by pair (two sets of 60
-/// alternating rounds), with the same CPU per record; on an Intel Xeon (family 6 model 207)
-/// 0.98x (100 rounds). Each read hands socket buffer back to the broker sooner, which may let
-/// its next burst overlap this one's copy and check; that was not taken apart. Larger
-/// responses keep the larger reads: on eight partitions reads of 64 KiB cost 20 % more CPU per
-/// record, for the four times as many reads.
-const SCAN_READ_SMALL: usize = 64 * 1024;
+/// The read limit for a response below [`SMALL_FRAME`] (one or two partitions' worth at the
+/// default 1 MiB per partition), scanned or not, instead of [`SCAN_READ`] or the rest of the
+/// frame. Measured, not derived: on an AMD EPYC (family 25 model 17) one partition ran 1.08x
+/// and 1.13x as fast pair by pair with CRCs checked (two sets of 60 alternating rounds), CPU
+/// per record unchanged, and 1.15x, 1.18x and 1.15x with `check.crcs=false` (three sets of 60
+/// to 80; reads of the rest of the frame before), CPU per record from 3 % less to 8 % more; on
+/// an Intel Xeon (family 6 model 207) 0.98x with CRCs checked (100 rounds; `check.crcs=false`
+/// not measured there). Each read hands socket buffer back to the broker sooner, which may let its
+/// next burst overlap this one's copy; that was not taken apart. Larger responses keep the
+/// larger reads: on eight partitions reads of 64 KiB cost 20 % more CPU per record, for the
+/// four times as many reads.
+const SMALL_FRAME_READ: usize = 64 * 1024;
 
-/// Scanned responses below this size are read [`SCAN_READ_SMALL`] at a time. It happens to
-/// equal the frame pool's threshold for mapped buffers, but does not follow it: the read size
-/// matters on every platform, mapped or not.
+/// Responses below this size are read [`SMALL_FRAME_READ`] at a time. It happens to equal the
+/// frame pool's threshold for mapped buffers, but does not follow it: the read size matters on
+/// every platform, mapped or not.
 const SMALL_FRAME: usize = 2 << 20;
 
 /// A scan goes on once at least this much more of the frame is in (and at its end), so that a
@@ -540,10 +542,12 @@ async fn read_frame<R: AsyncRead + Unpin>(
     // Looked up once the correlation id is in (it almost always came with the head read).
     let mut scan: Option<Option<CrcScan>> = None;
     let mut scanned = 0;
-    let scan_read = if len < SMALL_FRAME {
-        SCAN_READ_SMALL
+    // The most one read takes: a scanned frame's batches are checked between reads, an
+    // unscanned large frame is read as fast as it comes.
+    let (scan_read, plain_read) = if len < SMALL_FRAME {
+        (SMALL_FRAME_READ, SMALL_FRAME_READ)
     } else {
-        SCAN_READ
+        (SCAN_READ, usize::MAX)
     };
     while frame.len() < len {
         if frame.len() == frame.capacity() {
@@ -564,7 +568,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
                 }
                 missing.min(scan_read)
             }
-            _ => missing,
+            _ => missing.min(plain_read),
         };
         read_part(rd, &mut frame, limit).await?;
     }
@@ -908,11 +912,20 @@ mod tests {
         }
     }
 
-    /// A scanned response below 2 MiB is read at most 64 KiB at a time, a larger one at most
-    /// 256 KiB; both arrive whole.
+    /// A response below 2 MiB is read at most 64 KiB at a time, scanned or not; a larger one at
+    /// most 256 KiB if scanned, and in reads as large as the rest of it if not. All arrive
+    /// whole.
     #[tokio::test]
-    async fn scanned_responses_are_read_in_parts_by_their_size() {
-        for (len, most) in [(1 << 20, SCAN_READ_SMALL), (3 << 20, SCAN_READ)] {
+    async fn responses_are_read_in_parts_by_their_size() {
+        let small = 1usize << 20;
+        let large = 3usize << 20;
+        for (len, scanned, most) in [
+            (small, true, SMALL_FRAME_READ),
+            (large, true, SCAN_READ),
+            (small, false, SMALL_FRAME_READ),
+            // The first read after the head read takes the rest of the frame.
+            (large, false, large - (HEAD_READ - frame::LENGTH_PREFIX)),
+        ] {
             let mut data = i32::try_from(len).unwrap().to_be_bytes().to_vec();
             data.extend((0..len).map(|k| (k % 251) as u8));
             let mut rd = Recorded {
@@ -922,13 +935,18 @@ mod tests {
             };
             let mut buf = BytesMut::new();
             let pool = Arc::default();
-            let scan = |_| Some(CrcScan::fetch(12));
+            let scan = |_| scanned.then(|| CrcScan::fetch(12));
             let Ok((frame, _)) = read_frame(&mut rd, &mut buf, &pool, 16 << 20, &scan).await else {
                 panic!("{len}: read failed");
             };
             assert_eq!(frame.len(), len);
             assert!(frame.iter().enumerate().all(|(k, b)| *b == (k % 251) as u8));
-            assert_eq!(rd.rooms.iter().max(), Some(&most), "{len}: {:?}", rd.rooms);
+            assert_eq!(
+                rd.rooms.iter().max(),
+                Some(&most),
+                "{len}, scanned {scanned}: {:?}",
+                rd.rooms
+            );
         }
     }
 
