@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The benchmarks, briefly: every criterion bench once in test mode, then the comparison
-# harness's quick run against a broker it starts itself, with the full run's shape (one warm-up
-# round, five measured rounds, interleaved) on small topics. It checks that every consumer runs
-# and reads the whole topic in every round and that the report is written (the harness prints
-# it); its figures are too short to quote (the README's performance section comes from a full
-# run).
+# The benchmarks: every criterion bench once in test mode, then the comparison harness's
+# full-size run (the README's command) against a broker it starts itself: a warm-up round and
+# five measured rounds, interleaved, then 60 back-to-back pairs per uncompressed 100 B topic,
+# the commit-latency rounds and the slow application, about 15 minutes. It fails if any
+# consumer fails to read the whole topic in any round or the report is not written; the report
+# judges the targets but does not gate on them (the quick run, `-- --quick`, is too short to
+# judge them: on one host it met every target in one CI run and missed two in the next, with
+# no change to the code they measure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,8 +18,8 @@ echo "== comparison harness: rustfmt, clippy"
 cargo fmt --manifest-path "$manifest" -- --check
 # --release, so that librdkafka's C build is shared with the run below.
 cargo clippy --release --manifest-path "$manifest" --all-targets -- -D warnings
-echo "== comparison harness, quick run"
-cargo run --release --manifest-path "$manifest" -- --quick --reps 5 --warmups 1
+echo "== comparison harness, full-size run"
+cargo run --release --manifest-path "$manifest"
 
 out="${CARGO_TARGET_DIR:-target}/compare"
 for f in report.md runs.csv throughput.png cpu.png latency.png rss.png; do
