@@ -606,13 +606,14 @@ fn warm_up_broker(
             Client::Ours
         };
         let case = topics[(i / 2) % topics.len()];
-        let before = broker.and_then(proc::jit_cpu_secs);
-        if run_throughput_child(client, case, bootstrap, log).is_none() {
+        let (run, took) = proc::jit_during(broker, || {
+            run_throughput_child(client, case, bootstrap, log)
+        });
+        if run.is_none() {
             failed += 1;
         }
-        let after = broker.and_then(proc::jit_cpu_secs);
-        if let Some((before, after)) = before.zip(after) {
-            jit.push(after - before);
+        if let Some(took) = took {
+            jit.push(took);
         }
         warmup.runs += 1;
     }
@@ -649,21 +650,22 @@ fn warm_up_commits(warmup: &mut WarmUp, bootstrap: &str, topic: &str, broker: Op
                 Some(_) => {}
             }
         }
-        let before = broker.and_then(proc::jit_cpu_secs);
-        if let Err(e) = raw::commit_round_trips(
-            bootstrap,
-            topic,
-            "cmp-commit-warm-up",
-            COMMIT_WARMUP_CHUNK,
-            0,
-            Duration::ZERO,
-        ) {
+        let (sent, took) = proc::jit_during(broker, || {
+            raw::commit_round_trips(
+                bootstrap,
+                topic,
+                "cmp-commit-warm-up",
+                COMMIT_WARMUP_CHUNK,
+                0,
+                Duration::ZERO,
+            )
+        });
+        if let Err(e) = sent {
             eprintln!("[compare] broker warm-up: OffsetCommit failed: {e}");
             break;
         }
-        let after = broker.and_then(proc::jit_cpu_secs);
         warmup.commits += COMMIT_WARMUP_CHUNK;
-        warmup.commits_jit_last = before.zip(after).map(|(b, a)| a - b);
+        warmup.commits_jit_last = took;
     }
     warmup.commits_secs = started.elapsed().as_secs_f64();
     eprintln!(

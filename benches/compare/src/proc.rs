@@ -171,6 +171,15 @@ pub(crate) fn jit_cpu_secs(pid: u32) -> Option<f64> {
     )
 }
 
+/// Runs `work` and returns its result with the CPU time the JIT compiler threads of the JVM
+/// `broker` took meanwhile (see [`jit_cpu_secs`]; `None` without a broker or if unreadable).
+pub(crate) fn jit_during<T>(broker: Option<u32>, work: impl FnOnce() -> T) -> (T, Option<f64>) {
+    let before = broker.and_then(jit_cpu_secs);
+    let out = work();
+    let after = broker.and_then(jit_cpu_secs);
+    (out, before.zip(after).map(|(before, after)| after - before))
+}
+
 /// CPU time of the live threads of `pid`, or of those whose name (`comm`) passes `keep`.
 fn cpu_secs_of_threads(pid: u32, keep: Option<fn(&str) -> bool>) -> Option<f64> {
     let mut ns = 0u64;
