@@ -27,7 +27,7 @@ use crate::net::backoff::Backoff;
 use crate::net::connection::ConnOptions;
 use crate::net::driver::{Command, Committed, Delivery, Driver, DriverConfig, Shared, Topics};
 use crate::net::pool::Pool;
-use crate::proto::chunk::ChunkCursor;
+use crate::proto::chunk::{ChunkCursor, PIECE_RECORDS};
 use crate::proto::commit::Committer;
 use crate::proto::fetch::{Chunk, FetchConfig, FetchState};
 use crate::proto::group::{
@@ -568,7 +568,11 @@ impl Consumer {
         rx.await.map_err(|_| Error::Closed)?
     }
 
-    /// The next batch of records: the records of one partition from one fetch, in offset order.
+    /// The next batch of records: records of one partition from one fetch, in offset order.
+    ///
+    /// A fetch's records are handed out in whole record batches, about 512 records at a time
+    /// (more when one record batch holds more), so that the application reads records right
+    /// after they were decoded, while their bytes are still in the core's caches.
     ///
     /// # Errors
     ///
@@ -897,7 +901,7 @@ impl Consumer {
         let limits = DecodeLimits::new(self.config.buffer_max_bytes())
             .with_check_crc(self.config.check_crcs());
         let soft_cap = self.config.max_partition_fetch_bytes() as usize;
-        let piece = cursor.next_piece(&limits, soft_cap);
+        let piece = cursor.next_piece(&limits, soft_cap, PIECE_RECORDS);
         if cursor.is_done() {
             self.release(cursor.raw_len);
         }

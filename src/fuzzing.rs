@@ -289,7 +289,7 @@ pub fn fetch_response(data: &[u8]) {
         let mut position = 0;
         let mut pieces = 0usize;
         while !cursor.is_done() {
-            let piece = cursor.next_piece(&DecodeLimits::new(64 << 10), 4 << 10);
+            let piece = cursor.next_piece(&DecodeLimits::new(64 << 10), 4 << 10, 64);
             assert!(piece.next_offset >= position, "the position went back");
             position = piece.next_offset;
             pieces += 1;
@@ -2308,7 +2308,7 @@ pub fn fetch_session(data: &[u8]) {
                     buffered -= cursor.raw_len;
                     continue;
                 }
-                let piece = cursor.next_piece(&DecodeLimits::new(1 << 16), 64);
+                let piece = cursor.next_piece(&DecodeLimits::new(1 << 16), 64, 4);
                 for rec in &piece.records {
                     assert!(
                         (from..to).contains(&rec.offset),

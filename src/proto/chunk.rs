@@ -2,9 +2,10 @@
 //! drop what is below the fetch position, and skip transaction markers and (under
 //! `read_committed`) aborted transactions.
 //!
-//! A chunk is decoded in pieces of about `soft_cap` decompressed bytes, so a highly compressed
-//! fetch never inflates into memory all at once: memory held is the fetched bytes plus one
-//! piece.
+//! A chunk is decoded in pieces of whole batches, each ending once it holds about `soft_cap`
+//! decompressed bytes or [`PIECE_RECORDS`] records, so a highly compressed fetch never inflates
+//! into memory all at once (memory held is the fetched bytes plus one piece), and what the
+//! application reads was decoded just before.
 
 use bytes::Bytes;
 
@@ -15,6 +16,12 @@ use crate::proto::records::{
     AbortedTransactions, BatchAction, BatchIter, Compression, DecodeLimits, decode_batch,
 };
 use crate::types::{Entry, Records, TopicPartition};
+
+/// The records a piece holds before it is cut, at the end of the batch that reaches it. Small
+/// enough that a piece's entries (16 KiB) and the bytes they point into are still in the core's
+/// caches when the application's loop reads them right after decoding, and that the first
+/// records of a fetch are handed out after one piece is decoded rather than the whole fetch.
+pub(crate) const PIECE_RECORDS: usize = 512;
 
 /// One piece of a chunk, ready to hand out.
 #[derive(Debug, Default)]
@@ -78,15 +85,21 @@ impl ChunkCursor {
         self.done
     }
 
-    /// Decodes batches until the piece holds `soft_cap` decompressed bytes (at least one batch
-    /// with records) or the chunk ends. `limits` cap one batch's decompressed size and say
-    /// whether CRCs are checked.
-    pub(crate) fn next_piece(&mut self, limits: &DecodeLimits, soft_cap: usize) -> Piece {
+    /// Decodes batches until the piece holds `soft_cap` decompressed bytes or `max_records`
+    /// records (at least one batch with records), or the chunk ends. A batch is not split, so
+    /// its last batch may take a piece past either. `limits` cap one batch's decompressed size
+    /// and say whether CRCs are checked.
+    pub(crate) fn next_piece(
+        &mut self,
+        limits: &DecodeLimits,
+        soft_cap: usize,
+        max_records: usize,
+    ) -> Piece {
         let mut p = Piece::default();
         // Room for the piece's records at once, rather than growing batch by batch.
         p.records.entries.reserve(
             self.batches
-                .records_ahead(soft_cap / size_of::<Entry>() + 1),
+                .records_ahead((soft_cap / size_of::<Entry>() + 1).min(max_records)),
         );
         while !self.done {
             let at = self.raw_len - self.batches.remaining_bytes();
@@ -147,7 +160,10 @@ impl ChunkCursor {
                 p.decompressed_bytes += p.records.segments.last().map_or(0, |s| s.bytes.len());
             }
             self.position = self.position.max(next);
-            if !p.records.is_empty() && p.decompressed_bytes + payload(&p.records) >= soft_cap {
+            if !p.records.is_empty()
+                && (p.records.len() >= max_records
+                    || p.decompressed_bytes + payload(&p.records) >= soft_cap)
+            {
                 break;
             }
         }
@@ -225,7 +241,7 @@ mod tests {
             aborted: Vec::new(),
         };
         let mut cursor = ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted);
-        let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX);
+        let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX, usize::MAX);
         assert!(cursor.is_done());
         piece
     }
@@ -324,6 +340,55 @@ mod tests {
                 _ => assert_eq!(piece.decompressed_bytes, payload, "{codec:?}"),
             }
             assert_eq!(piece.next_offset, 10, "{codec:?}");
+        }
+    }
+
+    /// A piece ends at the end of the batch that brings it to `max_records` records; a batch is
+    /// never split, so a batch larger than the cap is a piece of its own.
+    #[test]
+    fn a_piece_ends_with_the_batch_that_reaches_the_record_cap() {
+        let batch = |base: i64| {
+            let records: Vec<_> = (base..base + 3)
+                .map(|o| record(o, 1_000 + o, None, Some(b"v"), &[]))
+                .collect();
+            encode(&records, KpCompression::None)
+        };
+        let records = Bytes::from([batch(0), batch(3), batch(6)].concat());
+        let cases: [(usize, &[(i64, i64)]); 4] = [
+            (4, &[(0, 6), (6, 9)]),
+            (3, &[(0, 3), (3, 6), (6, 9)]),
+            (1, &[(0, 3), (3, 6), (6, 9)]),
+            (7, &[(0, 9)]),
+        ];
+        for (max_records, want) in cases {
+            let chunk = Chunk {
+                checked: Vec::new(),
+                tp: TopicPartition::new("t", 0),
+                generation: 0,
+                fetch_offset: 0,
+                records: records.clone(),
+                next_offset: 9,
+                aborted: Vec::new(),
+            };
+            let mut cursor = ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted);
+            let mut pieces = Vec::new();
+            while !cursor.is_done() {
+                let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX, max_records);
+                assert!(piece.error.is_none(), "{max_records}: {:?}", piece.error);
+                let offsets: Vec<i64> = piece.records.iter().map(|r| r.offset).collect();
+                if offsets.is_empty() {
+                    assert_eq!(piece.next_offset, 9, "{max_records}: only the end is empty");
+                    continue;
+                }
+                assert_eq!(
+                    piece.next_offset,
+                    offsets[offsets.len() - 1] + 1,
+                    "{max_records}"
+                );
+                pieces.push(offsets);
+            }
+            let want: Vec<Vec<i64>> = want.iter().map(|&(a, b)| (a..b).collect()).collect();
+            assert_eq!(pieces, want, "max_records {max_records}");
         }
     }
 }

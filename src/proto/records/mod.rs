@@ -371,10 +371,12 @@ impl BatchIter {
         self.rest.len()
     }
 
-    /// How many records the complete uncompressed batches ahead hold, up to `limit`, for
-    /// sizing what they decode into: each batch's record count as written, but no more than
-    /// its bytes could hold. The count stops at the first compressed, partial or malformed
-    /// batch (the iterator reports a malformed one).
+    /// How many records the complete uncompressed batches ahead hold, counted batch by batch
+    /// until `limit` is reached, for sizing what they decode into: each batch's record count as
+    /// written, but no more than its bytes could hold. Whole batches are counted, as a piece
+    /// takes them, so the count passes `limit` by the records of the batch that reaches it. The
+    /// count stops at the first compressed, partial or malformed batch (the iterator reports a
+    /// malformed one).
     pub(crate) fn records_ahead(&self, limit: usize) -> usize {
         let mut buf: &[u8] = &self.rest;
         let mut total = 0usize;
@@ -390,7 +392,7 @@ impl BatchIter {
             total += records_that_fit(count, len - BATCH_HEADER_LEN);
             buf = &buf[len..];
         }
-        total.min(limit)
+        total
     }
 }
 

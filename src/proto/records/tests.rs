@@ -932,10 +932,11 @@ fn records_ahead_counts_whole_uncompressed_batches() {
     let ahead = |bytes: Bytes, limit| BatchIter::new(bytes).records_ahead(limit);
     assert_eq!(ahead(cat(&[&plain, &plain]), 100), 10);
     assert_eq!(
-        ahead(cat(&[&plain, &plain]), 7),
-        7,
-        "the limit caps the count"
+        ahead(cat(&[&plain, &plain, &plain]), 7),
+        10,
+        "the count stops at the whole batch that reaches the limit"
     );
+    assert_eq!(ahead(cat(&[&plain, &plain]), 5), 5);
     // The count stops at a compressed batch, and at a partial one.
     assert_eq!(ahead(cat(&[&plain, &packed, &plain]), 100), 5);
     assert_eq!(ahead(cat(&[&plain, &plain[..plain.len() - 1]]), 100), 5);
