@@ -606,7 +606,7 @@ fn warm_up_broker(
             Client::Ours
         };
         let case = topics[(i / 2) % topics.len()];
-        let (run, took) = proc::jit_during(broker, || {
+        let (run, took) = proc::cpu_during(broker, proc::jit_cpu_secs, || {
             run_throughput_child(client, case, bootstrap, log)
         });
         if run.is_none() {
@@ -650,7 +650,7 @@ fn warm_up_commits(warmup: &mut WarmUp, bootstrap: &str, topic: &str, broker: Op
                 Some(_) => {}
             }
         }
-        let (sent, took) = proc::jit_during(broker, || {
+        let (sent, took) = proc::cpu_during(broker, proc::jit_cpu_secs, || {
             raw::commit_round_trips(
                 bootstrap,
                 topic,
@@ -783,20 +783,16 @@ fn run_throughput(
     broker: Option<u32>,
     log: &Path,
 ) -> Option<Measured> {
-    let broker_before = broker.and_then(proc::threads_cpu_secs);
-    let jit_before = broker.and_then(proc::jit_cpu_secs);
-    let measured = run_throughput_child(client, case, bootstrap, log)?;
-    let broker_after = broker.and_then(proc::threads_cpu_secs);
-    let jit_after = broker.and_then(proc::jit_cpu_secs);
-    let broker_cpu = broker_before
-        .zip(broker_after)
-        .map(|(before, after)| after - before);
+    let ((measured, broker_jit_secs), broker_cpu) =
+        proc::cpu_during(broker, proc::threads_cpu_secs, || {
+            proc::cpu_during(broker, proc::jit_cpu_secs, || {
+                run_throughput_child(client, case, bootstrap, log)
+            })
+        });
     Some(Measured {
         broker_cpu_per_million: broker_cpu.map(|c| case.per_million(c)),
-        broker_jit_secs: jit_before
-            .zip(jit_after)
-            .map(|(before, after)| after - before),
-        ..measured
+        broker_jit_secs,
+        ..measured?
     })
 }
 

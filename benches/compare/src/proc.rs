@@ -171,12 +171,17 @@ pub(crate) fn jit_cpu_secs(pid: u32) -> Option<f64> {
     )
 }
 
-/// Runs `work` and returns its result with the CPU time the JIT compiler threads of the JVM
-/// `broker` took meanwhile (see [`jit_cpu_secs`]; `None` without a broker or if unreadable).
-pub(crate) fn jit_during<T>(broker: Option<u32>, work: impl FnOnce() -> T) -> (T, Option<f64>) {
-    let before = broker.and_then(jit_cpu_secs);
+/// Runs `work` and returns its result with the CPU time that `read` counts for the process
+/// `broker` (such as [`threads_cpu_secs`] or [`jit_cpu_secs`]) taken meanwhile: `None` without
+/// a broker or if unreadable.
+pub(crate) fn cpu_during<T>(
+    broker: Option<u32>,
+    read: fn(u32) -> Option<f64>,
+    work: impl FnOnce() -> T,
+) -> (T, Option<f64>) {
+    let before = broker.and_then(read);
     let out = work();
-    let after = broker.and_then(jit_cpu_secs);
+    let after = broker.and_then(read);
     (out, before.zip(after).map(|(before, after)| after - before))
 }
 
