@@ -231,6 +231,19 @@ mod tests {
         fetch_offset: i64,
         next_offset: i64,
     ) -> Piece {
+        let mut cursor = cursor_over(records, checked, fetch_offset, next_offset);
+        let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX, usize::MAX);
+        assert!(cursor.is_done());
+        piece
+    }
+
+    /// A cursor over one chunk of partition t-0 (read_uncommitted).
+    fn cursor_over(
+        records: Bytes,
+        checked: Vec<(u32, u32)>,
+        fetch_offset: i64,
+        next_offset: i64,
+    ) -> ChunkCursor {
         let chunk = Chunk {
             checked,
             tp: TopicPartition::new("t", 0),
@@ -240,23 +253,22 @@ mod tests {
             next_offset,
             aborted: Vec::new(),
         };
-        let mut cursor = ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted);
-        let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX, usize::MAX);
-        assert!(cursor.is_done());
-        piece
+        ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted)
+    }
+
+    /// An uncompressed batch of the three records `base..base + 3`.
+    fn three_records(base: i64) -> Bytes {
+        let records: Vec<_> = (base..base + 3)
+            .map(|o| record(o, 1_000 + o, None, Some(b"v"), &[]))
+            .collect();
+        encode(&records, KpCompression::None)
     }
 
     /// Two batches of three records from offset 0, the second's stored CRC wrong (its records
     /// intact), and the CRC each now holds.
     fn second_crc_wrong() -> (Bytes, usize, [u32; 2]) {
-        let batch = |base: i64| {
-            let records: Vec<_> = (base..base + 3)
-                .map(|o| record(o, 1_000 + o, None, Some(b"v"), &[]))
-                .collect();
-            encode(&records, KpCompression::None)
-        };
-        let first = batch(0);
-        let mut second = batch(3).to_vec();
+        let first = three_records(0);
+        let mut second = three_records(3).to_vec();
         second[17] ^= 0x55;
         let crc = |b: &[u8]| u32::from_be_bytes(b[17..21].try_into().unwrap());
         let crcs = [crc(&first), crc(&second)];
@@ -347,13 +359,7 @@ mod tests {
     /// never split, so a batch larger than the cap is a piece of its own.
     #[test]
     fn a_piece_ends_with_the_batch_that_reaches_the_record_cap() {
-        let batch = |base: i64| {
-            let records: Vec<_> = (base..base + 3)
-                .map(|o| record(o, 1_000 + o, None, Some(b"v"), &[]))
-                .collect();
-            encode(&records, KpCompression::None)
-        };
-        let records = Bytes::from([batch(0), batch(3), batch(6)].concat());
+        let records = Bytes::from([three_records(0), three_records(3), three_records(6)].concat());
         let cases: [(usize, &[(i64, i64)]); 4] = [
             (4, &[(0, 6), (6, 9)]),
             (3, &[(0, 3), (3, 6), (6, 9)]),
@@ -361,16 +367,7 @@ mod tests {
             (7, &[(0, 9)]),
         ];
         for (max_records, want) in cases {
-            let chunk = Chunk {
-                checked: Vec::new(),
-                tp: TopicPartition::new("t", 0),
-                generation: 0,
-                fetch_offset: 0,
-                records: records.clone(),
-                next_offset: 9,
-                aborted: Vec::new(),
-            };
-            let mut cursor = ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted);
+            let mut cursor = cursor_over(records.clone(), Vec::new(), 0, 9);
             let mut pieces = Vec::new();
             while !cursor.is_done() {
                 let piece = cursor.next_piece(&DecodeLimits::default(), usize::MAX, max_records);
