@@ -68,7 +68,7 @@
 //! | `isolation.level` | `read_uncommitted` | `read_uncommitted` or `read_committed` (skip aborted transactions, stop at the last stable offset). | |
 //! | `restore.offset.out.of.range` | `none` | What to do when an offset restored from a checkpoint ([`SourceState`](crate::SourceState)) is out of range: `earliest`, `latest`, or `none` (alias `error`) to fail. | |
 //! | `auto.offset.reset` | `none` | What to do when an offset is out of range or missing: `earliest`, `latest`, or `none` (alias `error`) to fail. | |
-//! | `buffer.max.bytes` | `67108864` (64 MiB) | Memory budget for fetched records not yet handed to the application, decompressed bytes included. | ≥ `max.partition.fetch.bytes` |
+//! | `buffer.max.bytes` | `67108864` (64 MiB) | Memory budget for fetched data not yet handed to the application: each fetch response whole, until the last of its records is handed out, and decompressed bytes. | ≥ `max.partition.fetch.bytes` |
 //! | `fetch.connections.per.broker` | `2` | Data connections per broker, each with one Fetch in flight; a broker's partitions are shared out over them. `1` fetches as the Java client does. | 1..=16 |
 //! | `check.crcs` | `true` | Check each record batch's CRC-32C before decoding it (as the Java client does; librdkafka does not by default). | |
 //!
@@ -306,8 +306,9 @@ impl ConsumerConfig {
         self.max_response_size
     }
 
-    /// The memory budget, in bytes, for fetched records not yet handed to the application,
-    /// decompressed bytes included; at least
+    /// The memory budget, in bytes, for fetched data not yet handed to the application: each
+    /// fetch response whole (headers and a partial last batch included), until the last of its
+    /// records is handed out, and decompressed bytes; at least
     /// [`max_partition_fetch_bytes`](Self::max_partition_fetch_bytes).
     ///
     /// Property `buffer.max.bytes`; default 67108864 (64 MiB).

@@ -29,7 +29,7 @@ use crate::net::driver::{Command, Committed, Delivery, Driver, DriverConfig, Sha
 use crate::net::pool::Pool;
 use crate::proto::chunk::{ChunkCursor, PIECE_RECORDS};
 use crate::proto::commit::Committer;
-use crate::proto::fetch::{Chunk, FetchConfig, FetchState};
+use crate::proto::fetch::{Chunk, FetchConfig, FetchState, Lease};
 use crate::proto::group::{
     GroupConfig, Membership, classic::ClassicMember, kip848::ConsumerMember,
 };
@@ -92,6 +92,9 @@ struct Decoded {
     error: Option<Error>,
     /// Decompressed bytes held by `batch`.
     decompressed: usize,
+    /// With a chunk's last piece: the chunk's lease, so that the fetched response it was cut
+    /// from counts against the budget until this piece is handed out too (held for its drop).
+    _lease: Option<Lease>,
 }
 
 /// An async Kafka consumer of explicitly assigned partitions.
@@ -660,7 +663,6 @@ impl Consumer {
         match delivery {
             Delivery::Chunk(chunk) => {
                 if !self.is_current(&chunk.tp, chunk.generation) {
-                    self.release(chunk.records.len());
                     return None;
                 }
                 if self.is_paused(&chunk.tp) {
@@ -683,6 +685,7 @@ impl Consumer {
                 next_offset: None,
                 error: Some(error),
                 decompressed: 0,
+                _lease: None,
             })),
             Delivery::Error(e) => {
                 self.pending_errors.push(e);
@@ -896,15 +899,12 @@ impl Consumer {
     }
 
     /// Decodes the next piece of a chunk. Counts its decompressed bytes against the budget;
-    /// the chunk's fetched bytes are released when its last piece is decoded.
+    /// the last piece carries the chunk's lease on the fetched bytes.
     fn decode_piece(&mut self, cursor: &mut ChunkCursor) -> Decoded {
         let limits = DecodeLimits::new(self.config.buffer_max_bytes())
             .with_check_crc(self.config.check_crcs());
         let soft_cap = self.config.max_partition_fetch_bytes() as usize;
         let piece = cursor.next_piece(&limits, soft_cap, PIECE_RECORDS);
-        if cursor.is_done() {
-            self.release(cursor.raw_len);
-        }
         self.shared
             .buffered
             .fetch_add(piece.decompressed_bytes, Ordering::AcqRel);
@@ -927,6 +927,7 @@ impl Consumer {
             next_offset: Some(piece.next_offset),
             error,
             decompressed: piece.decompressed_bytes,
+            _lease: cursor.take_lease(),
         }
     }
 
@@ -952,15 +953,14 @@ impl Consumer {
         self.release(held);
     }
 
+    /// Drops queued pieces and chunks; their fetched bytes go back to the budget with their
+    /// leases.
     fn drop_ready(&mut self, which: impl Fn(&Ready) -> bool) {
         let mut freed = 0;
         self.ready.retain(|r| {
             let drop = which(r);
-            if drop {
-                freed += match r {
-                    Ready::Piece(d) => d.decompressed,
-                    Ready::Cursor(c) => c.raw_len,
-                };
+            if drop && let Ready::Piece(d) = r {
+                freed += d.decompressed;
             }
             !drop
         });
@@ -968,15 +968,7 @@ impl Consumer {
     }
 
     fn drop_parked(&mut self, which: impl Fn(&Chunk) -> bool) {
-        let mut freed = 0;
-        self.parked.retain(|c| {
-            let drop = which(c);
-            if drop {
-                freed += c.records.len();
-            }
-            !drop
-        });
-        self.release(freed);
+        self.parked.retain(|c| !which(c));
     }
 
     /// The state to store in checkpoint `checkpoint_id`: for every assigned partition, the
@@ -1193,7 +1185,9 @@ impl Stream for Consumer {
 /// Fetch counters, see [`Consumer::fetch_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FetchStats {
-    /// Bytes fetched and not yet handed out (plus the decompressed batch handed out last).
+    /// Bytes of the fetch responses whose records are not all handed out yet, each counted
+    /// whole, and decompressed bytes not yet handed out (plus those of the batch handed out
+    /// last).
     pub buffered_bytes: u64,
     /// Fetch requests sent.
     pub requests: u64,

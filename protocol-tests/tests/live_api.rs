@@ -72,6 +72,61 @@ fn blocking_facade_pause_resume_seek() {
     c.close();
 }
 
+/// A fetch response counts against the budget whole, not partition by partition, until the
+/// last of its records is handed out: one partition's records handed out free nothing while
+/// another's, cut from the same response, wait; the last of them frees all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_response_counts_whole_until_its_last_records_are_handed_out() {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("whole-response");
+    cluster.create_topic(&topic, 2, 1, &[]);
+    // 300 records of 1,000 bytes per partition: each partition's part of the response is
+    // handed out in one batch (fewer than a piece's 512 records).
+    let (per_partition, value_size) = (300u64, 1_000u64);
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 2,
+        count: 2 * per_partition,
+        value_size: value_size as usize,
+        ..ProduceSpec::default()
+    });
+    // One data connection: both partitions come in one response.
+    let cfg = config(&cluster.bootstrap())
+        .fetch_connections_per_broker(1)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    let tps = [0, 1].map(|p| TopicPartition::new(topic.as_str(), p));
+    c.assign(tps.iter().map(|tp| (tp.clone(), StartPosition::Earliest)));
+
+    let first = tokio::time::timeout(Duration::from_secs(30), c.poll())
+        .await
+        .expect("records in time")
+        .unwrap();
+    assert_eq!(
+        first.records.len() as u64,
+        per_partition,
+        "one partition's records"
+    );
+    let buffered = c.fetch_stats().buffered_bytes;
+    // Both partitions' values are still in the count, though one partition's were handed out.
+    assert!(
+        buffered >= 2 * per_partition * value_size,
+        "{buffered} bytes counted with one of two partitions handed out"
+    );
+
+    let second = tokio::time::timeout(Duration::from_secs(30), c.poll())
+        .await
+        .expect("records in time")
+        .unwrap();
+    assert_ne!(second.partition, first.partition);
+    assert_eq!(second.records.len() as u64, per_partition);
+    // The topic holds nothing more: later responses bring no records, and count nothing.
+    assert_eq!(c.fetch_stats().buffered_bytes, 0);
+    c.close().await;
+}
+
 /// An application that stops polling stops the fetching: the buffered bytes stay within the
 /// budget (plus at most one fetch response), and no further fetch is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

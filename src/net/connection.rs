@@ -322,21 +322,23 @@ impl Connection {
     }
 
     /// [`request`](Self::request), with the record batches whose CRC the read loop checked as
-    /// the response arrived (a Fetch response on a connection that scans them; none otherwise).
+    /// the response arrived (a Fetch response on a connection that scans them; none otherwise)
+    /// and the response's length in bytes (the frame its byte fields are slices of).
     pub(crate) async fn request_checked<R: Request>(
         &self,
         req: &R,
         version: i16,
         extra_wait: Duration,
-    ) -> Result<(R::Response, Checked)> {
+    ) -> Result<(R::Response, Checked, usize)> {
         let api = ApiContext {
             api: frame::api_key::<R>(),
             version,
         };
         let (raw, checked) = self.send_raw_with_wait(req, api, extra_wait).await?;
+        let len = raw.len();
         let resp =
             frame::decode_response::<R>(raw, version).map_err(|e| self.decode_error(api, e))?;
-        Ok((resp, checked))
+        Ok((resp, checked, len))
     }
 
     /// The error for a response that did not decode. A body the structural check refused

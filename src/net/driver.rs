@@ -33,7 +33,7 @@ use crate::net::pool::{ConnKey, Pool};
 use crate::proto::commit::{self, Action, Committer, Finished};
 use crate::proto::crc_scan::Checked;
 use crate::proto::fetch::{
-    AheadPlan, Chunk, FetchEvent, FetchPlan, FetchState, Lane, ListPlan, Outcome,
+    AheadPlan, Chunk, FetchEvent, FetchPlan, FetchState, Lane, Lease, ListPlan, Outcome,
 };
 use crate::proto::group::Membership;
 use crate::proto::metadata::{Metadata, TopicProblem};
@@ -47,7 +47,8 @@ pub(crate) use group::Topics;
 /// State shared between the consumer handle and its network loop.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// Bytes fetched and not yet handed out (plus the decompressed batch last handed out).
+    /// Bytes of fetch responses with records not yet handed out, each counted whole (see
+    /// [`FetchedResponse`]), and decompressed bytes (plus those of the batch last handed out).
     pub(crate) buffered: AtomicUsize,
     /// Signalled when `buffered` drops while the loop waits for budget, so it can fetch again.
     pub(crate) budget_freed: Notify,
@@ -188,7 +189,8 @@ enum Completion {
         ahead: Option<(AheadPlan, Result<ListOffsetsResponse>)>,
     },
     List(ListPlan, Result<ListOffsetsResponse>),
-    Fetch(FetchPlan, Result<(FetchResponse, Checked)>),
+    /// A Fetch answer: the response, the batches checked as it arrived, and its length.
+    Fetch(FetchPlan, Result<(FetchResponse, Checked, usize)>),
     FindCoordinator(u64, Result<FindCoordinatorResponse>),
     Commit(u64, Result<OffsetCommitResponse>),
     /// A query finished and its answer went to its own channel, or a connection was warmed up:
@@ -207,6 +209,22 @@ enum Completion {
     Positions(Vec<TopicPartition>, i32, Result<Committed>),
     /// A LeaveGroup (or leave heartbeat) finished.
     Left,
+}
+
+/// A fetch response's claim on the budget, shared by the chunks cut from it and released when
+/// the last of them is done with. It counts the whole response: headers, every partition's
+/// records, and the partial batch a broker may end a partition with, which no chunk holds but
+/// which stays in memory with the rest. Counting only each chunk's complete batches, each
+/// released as the chunk was decoded, let the responses still held grow past the budget.
+struct FetchedResponse {
+    bytes: usize,
+    shared: Arc<Shared>,
+}
+
+impl Drop for FetchedResponse {
+    fn drop(&mut self) {
+        self.shared.release(self.bytes);
+    }
 }
 
 /// Settings the loop needs beyond the fetch state machine's.
@@ -831,26 +849,47 @@ impl Driver {
                         self.meta.invalidate_leader(&tp.topic, tp.partition);
                     }
                 }
-                let (res, checked) = match res {
-                    Ok((resp, checked)) => (Ok(resp), checked),
-                    Err(e) => (Err(e), Checked::default()),
+                let (res, checked, len) = match res {
+                    Ok((resp, checked, len)) => (Ok(resp), checked, len),
+                    Err(e) => (Err(e), Checked::default(), 0),
                 };
                 let out = self.fetch.handle_fetch_checked(plan, res, &checked, now);
-                self.apply(out);
+                self.apply_fetched(out, len);
             }
         }
     }
 
     fn apply(&mut self, out: Outcome) {
+        self.apply_fetched(out, 0);
+    }
+
+    /// Delivers what a response of `len` bytes brought. Its chunks share one lease on the
+    /// budget for the whole response (at least their own bytes): all of it stays in memory for
+    /// as long as any chunk cut from it does, however small the chunk.
+    fn apply_fetched(&mut self, out: Outcome, len: usize) {
         if out.refresh_metadata {
             self.metadata_wanted = true;
         }
+        let chunks: usize = out
+            .events
+            .iter()
+            .map(|ev| match ev {
+                FetchEvent::Chunk(c) => c.records.len(),
+                FetchEvent::Failed { .. } => 0,
+            })
+            .sum();
+        let lease: Option<Lease> = (chunks > 0).then(|| {
+            let bytes = len.max(chunks);
+            self.shared.buffered.fetch_add(bytes, Ordering::AcqRel);
+            Arc::new(FetchedResponse {
+                bytes,
+                shared: Arc::clone(&self.shared),
+            }) as Lease
+        });
         for ev in out.events {
             match ev {
-                FetchEvent::Chunk(chunk) => {
-                    self.shared
-                        .buffered
-                        .fetch_add(chunk.records.len(), Ordering::AcqRel);
+                FetchEvent::Chunk(mut chunk) => {
+                    chunk.lease.clone_from(&lease);
                     let _ = self.out.send(Delivery::Chunk(chunk));
                 }
                 FetchEvent::Failed {

@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use crate::config::IsolationLevel;
 use crate::error::ProtocolViolation;
-use crate::proto::fetch::Chunk;
+use crate::proto::fetch::{Chunk, Lease};
 use crate::proto::records::{
     AbortedTransactions, BatchAction, BatchIter, Compression, DecodeLimits, decode_batch,
 };
@@ -42,7 +42,7 @@ pub(crate) struct Piece {
 pub(crate) struct ChunkCursor {
     pub(crate) tp: TopicPartition,
     pub(crate) generation: u64,
-    /// Fetched bytes this chunk counts against the budget until it is done.
+    /// The chunk's length in bytes.
     pub(crate) raw_len: usize,
     fetch_offset: i64,
     /// The position after the whole chunk.
@@ -56,6 +56,8 @@ pub(crate) struct ChunkCursor {
     next_checked: usize,
     filter: AbortedTransactions,
     done: bool,
+    /// The chunk's lease, until the consumer takes it with the last piece.
+    lease: Option<Lease>,
 }
 
 impl ChunkCursor {
@@ -77,7 +79,14 @@ impl ChunkCursor {
             next_checked: 0,
             filter,
             done: false,
+            lease: chunk.lease,
         }
+    }
+
+    /// The chunk's lease, once it is done (`None` before, and after the first call): the
+    /// consumer keeps it with the last piece until that piece is handed out.
+    pub(crate) fn take_lease(&mut self) -> Option<Lease> {
+        if self.done { self.lease.take() } else { None }
     }
 
     /// True once every batch was decoded (or an error ended the chunk).
@@ -252,6 +261,7 @@ mod tests {
             records,
             next_offset,
             aborted: Vec::new(),
+            lease: None,
         };
         ChunkCursor::new(chunk, IsolationLevel::ReadUncommitted)
     }

@@ -185,6 +185,10 @@ fn listed<'a>(
         .find(|p| p.partition_index == tp.partition)
 }
 
+/// What a chunk holds until it is done with (decoded to its end, or dropped): the IO shell's
+/// claim on the memory budget for the response the chunk was cut from. Opaque to the core.
+pub(crate) type Lease = Arc<dyn std::any::Any + Send + Sync>;
+
 /// Fetched data of one partition, for the consumer to decode and hand out.
 #[derive(Clone, Debug)]
 pub(crate) struct Chunk {
@@ -201,6 +205,8 @@ pub(crate) struct Chunk {
     pub(crate) next_offset: i64,
     /// Aborted transactions, for `read_committed` filtering: `(producer id, first offset)`.
     pub(crate) aborted: Vec<(i64, i64)>,
+    /// Set by the IO shell, dropped with the chunk (or its cursor).
+    pub(crate) lease: Option<Lease>,
 }
 
 /// Something the consumer must learn.
@@ -1028,6 +1034,7 @@ impl FetchState {
             records,
             next_offset: next,
             aborted,
+            lease: None,
         };
         out.events.push(FetchEvent::Chunk(chunk));
         if let Some(v) = error {
