@@ -195,6 +195,7 @@ impl Consumer {
             request_timeout: config.request_timeout(),
             connect_timeout: config.connect_timeout(),
             scan_crcs: config.check_crcs(),
+            frames: Arc::default(),
         };
         let pool = Arc::new(Pool::new(
             config.bootstrap_servers().to_vec(),

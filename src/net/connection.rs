@@ -41,6 +41,8 @@ pub(crate) struct ConnOptions {
     pub(crate) connect_timeout: Duration,
     /// Check the CRCs of a Fetch response's batches as the response arrives (`check.crcs`).
     pub(crate) scan_crcs: bool,
+    /// Spare receive buffers, shared by all of a consumer's connections.
+    pub(crate) frames: Arc<FramePool>,
 }
 
 /// A response frame, and which of its record batches had their CRC checked on arrival.
@@ -210,6 +212,7 @@ impl Connection {
         let reader = tokio::spawn(read_loop(
             rd,
             Arc::clone(&shared),
+            Arc::clone(&opts.frames),
             opts.max_response_size,
             opts.scan_crcs,
         ));
@@ -466,9 +469,14 @@ const SMALL_FRAME: usize = 2 << 20;
 /// broker dribbling bytes cannot make it walk the response's headers once per byte.
 const SCAN_STEP: usize = 16 * 1024;
 
-async fn read_loop(mut rd: OwnedReadHalf, shared: Arc<Shared>, max: usize, scan_crcs: bool) {
+async fn read_loop(
+    mut rd: OwnedReadHalf,
+    shared: Arc<Shared>,
+    pool: Arc<FramePool>,
+    max: usize,
+    scan_crcs: bool,
+) {
     let mut buf = BytesMut::with_capacity(HEAD_READ);
-    let pool = Arc::new(FramePool::default());
     // Fetch responses are scanned: their batches' CRCs are checked as they arrive.
     let scan_for = |correlation_id: i32| {
         if !scan_crcs {
@@ -672,6 +680,7 @@ mod tests {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             scan_crcs: true,
+            frames: Arc::default(),
         }
     }
 

@@ -668,11 +668,12 @@ impl Driver {
         self.finish_revocation_if_drained(now);
         let releases = self.shared.releases.load(Ordering::SeqCst);
         let buffered = self.shared.buffered.load(Ordering::SeqCst);
-        let budget = self
-            .cfg
-            .budget
-            .saturating_sub(buffered)
-            .saturating_sub(self.reserved);
+        let budget = self.pool.frames().room_beside(
+            self.cfg
+                .budget
+                .saturating_sub(buffered)
+                .saturating_sub(self.reserved),
+        );
         let plans = if budget == 0 {
             Vec::new()
         } else {

@@ -10,15 +10,17 @@
 //! The fetch budget counts a frame's length, not its buffer's capacity, so a spare more than a
 //! sixteenth larger than the frame it is taken for is first shrunk to the frame's size (the
 //! allocator takes the tail back; a mapped buffer's tail pages go back to the kernel). At most
-//! [`SPARE_BUFFERS`] buffers of at most [`MAX_POOLED`] bytes wait here per connection; a full
-//! pool lets its oldest spare go, so spares follow the sizes the connection sees now.
+//! [`SPARE_BUFFERS`] buffers of at most [`MAX_POOLED`] bytes wait here, for all of a consumer's
+//! connections; a full pool lets its oldest spare go, so spares follow the sizes the
+//! connections see now. The network loop counts the spares against the fetch budget, and lets
+//! them go when they would leave the budget no room for a fetch.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-/// How many freed buffers a connection keeps: one for the frame being read while the
+/// How many freed buffers a consumer keeps: one for the frame being read while the
 /// application still holds the one before, one more for a response that arrives early.
 const SPARE_BUFFERS: usize = 2;
 
@@ -205,13 +207,30 @@ impl AsRef<[u8]> for FrameBuf {
     }
 }
 
-/// A connection's spare receive buffers.
+/// A consumer's spare receive buffers.
 #[derive(Debug, Default)]
 pub(crate) struct FramePool {
     spare: Mutex<Vec<FrameBuf>>,
 }
 
 impl FramePool {
+    /// What is left of `room`, the fetch budget not yet taken, once the spare buffers are
+    /// counted: they are kept while there is room beside them, and let go when they would take
+    /// all of it (the next frame then reads into fresh pages), so that they never hold fetching
+    /// back.
+    pub(crate) fn room_beside(&self, room: usize) -> usize {
+        let mut spare = self.spare.lock();
+        let bytes: usize = spare.iter().map(FrameBuf::capacity).sum();
+        if bytes < room {
+            return room - bytes;
+        }
+        let gone = std::mem::take(&mut *spare);
+        drop(spare);
+        // Freed outside the lock.
+        drop(gone);
+        room
+    }
+
     /// An empty buffer for a frame of `len` bytes, or for its first `len` bytes if it is larger
     /// (`whole` false; such a buffer is on the heap and grows). It has room for at least `len`
     /// bytes, at most a sixteenth more: the most recent spare of the right kind large enough
@@ -361,6 +380,27 @@ mod tests {
         drop(pool.frame(filled(&pool, MIN_POOLED - 1, 0)));
         drop(pool.frame(filled(&pool, MAX_POOLED + 1, 0)));
         assert!(pool.spare_capacities().is_empty());
+    }
+
+    /// Spares take their capacity out of the fetch budget's room while there is room beside
+    /// them; when they would take all of it, they go and leave it all.
+    #[test]
+    fn spares_count_against_the_room_for_fetches_or_go() {
+        let pool = Arc::new(FramePool::default());
+        let room = 8 * MIN_POOLED;
+        let frames = [2, 3].map(|i| pool.frame(filled(&pool, i * MIN_POOLED, 0)));
+        assert_eq!(
+            pool.room_beside(room),
+            room,
+            "buffers in use are not spares"
+        );
+        drop(frames);
+        assert_eq!(pool.spare_capacities(), [2 * MIN_POOLED, 3 * MIN_POOLED]);
+        assert_eq!(pool.room_beside(room), 3 * MIN_POOLED);
+        assert_eq!(pool.spare_capacities().len(), 2, "kept");
+        assert_eq!(pool.room_beside(5 * MIN_POOLED), 5 * MIN_POOLED);
+        assert!(pool.spare_capacities().is_empty(), "let go");
+        assert_eq!(pool.room_beside(0), 0);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::error::{BrokerRef, Error, Result};
 use crate::net::backoff::Backoff;
 use crate::net::connection::{ConnOptions, Connection};
+use crate::net::frame_pool::FramePool;
 use crate::proto::fetch::Lane;
 
 /// What a connection is for.
@@ -95,6 +96,11 @@ impl Pool {
             spares: AtomicU8::new(0),
             spare_tasks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The spare receive buffers of all the connections.
+    pub(crate) fn frames(&self) -> &FramePool {
+        &self.opts.frames
     }
 
     /// Replaces the known node addresses (from Metadata).
