@@ -516,7 +516,9 @@ impl Consumer {
     }
 
     /// Stops handing out and fetching these partitions until [`resume`](Self::resume).
-    /// Data already fetched is kept.
+    /// Data already fetched is kept, copied out of the fetch responses it came in, so that it
+    /// holds back neither those responses' memory nor, through `buffer.max.bytes`, the fetching
+    /// of the other partitions.
     pub fn pause(&mut self, partitions: &[TopicPartition]) {
         self.set_paused(partitions, true);
     }
@@ -528,13 +530,44 @@ impl Consumer {
 
     fn set_paused(&mut self, partitions: &[TopicPartition], paused: bool) {
         let mut list = Vec::new();
+        let mut newly_paused = Vec::new();
         for tp in partitions {
             if let Some(l) = self.partitions.get_mut(tp) {
+                if paused && !l.paused {
+                    newly_paused.push(tp.clone());
+                }
                 l.paused = paused;
                 list.push(tp.clone());
             }
         }
+        self.detach_queued(&newly_paused);
         self.send(Command::Pause(list, paused));
+    }
+
+    /// Copies what waits to be handed out for `tps` (paused) out of the fetch responses it was
+    /// cut from, each copy counted against the budget on its own. A response stays counted
+    /// whole until the last of its records is handed out, so without this a paused partition
+    /// would hold back every response it shares with others, and once those filled the budget,
+    /// the fetching of every other partition: an application that pauses the partitions that
+    /// are ahead until the others catch up would wait for ever.
+    fn detach_queued(&mut self, tps: &[TopicPartition]) {
+        if tps.is_empty() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let lease = |bytes| crate::net::driver::lease(&shared, bytes);
+        for ready in self.ready.iter_mut().filter(|r| tps.contains(r.tp())) {
+            match ready {
+                Ready::Cursor(cursor) => cursor.detach(lease),
+                Ready::Piece(d) => {
+                    if let Some(batch) = &mut d.batch {
+                        // Decompressed bytes are counted on their own already.
+                        let fetched = batch.records.detach().saturating_sub(d.decompressed);
+                        d._lease = Some(lease(fetched));
+                    }
+                }
+            }
+        }
     }
 
     /// The paused partitions.
@@ -662,11 +695,13 @@ impl Consumer {
     /// Turns a delivery from the network loop into something to hand out (or parks it).
     fn accept(&mut self, delivery: Delivery) -> Option<Ready> {
         match delivery {
-            Delivery::Chunk(chunk) => {
+            Delivery::Chunk(mut chunk) => {
                 if !self.is_current(&chunk.tp, chunk.generation) {
                     return None;
                 }
                 if self.is_paused(&chunk.tp) {
+                    // Its own copy, which holds back no response (see `detach_queued`).
+                    chunk.detach(|bytes| crate::net::driver::lease(&self.shared, bytes));
                     self.parked.push(chunk);
                     return None;
                 }

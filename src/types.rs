@@ -246,6 +246,17 @@ impl Records {
         Self::default()
     }
 
+    /// Moves the bytes the records point into into buffers of their own, so that they no
+    /// longer hold the memory those were cut from; returns how many bytes that is.
+    pub(crate) fn detach(&mut self) -> usize {
+        let mut copied = 0;
+        for s in &mut self.segments {
+            s.bytes = Bytes::copy_from_slice(&s.bytes);
+            copied += s.bytes.len();
+        }
+        copied
+    }
+
     /// How many records there are.
     pub fn len(&self) -> usize {
         self.entries.len()

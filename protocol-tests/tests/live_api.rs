@@ -127,6 +127,87 @@ async fn a_fetch_response_counts_whole_until_its_last_records_are_handed_out() {
     c.close().await;
 }
 
+/// A paused partition's fetched records do not hold the budget for the others: a response cut
+/// into both a paused partition's records and another's, as large as the whole budget, is let
+/// go once the other's records are handed out (the paused partition keeps a copy of its own),
+/// so the other partition is read to its end; on resume the paused one goes on where it was.
+/// Paused before its records reached the application's side (they are parked as they come).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_paused_before_its_records_come_does_not_hold_the_budget() {
+    paused_partition_and_budget(false).await;
+}
+
+/// The same, paused after a first batch was handed out (the rest waits, queued, already
+/// taken in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_paused_after_a_batch_does_not_hold_the_budget() {
+    paused_partition_and_budget(true).await;
+}
+
+async fn paused_partition_and_budget(poll_first: bool) {
+    let cluster = Cluster::shared();
+    let _logs = cluster.dump_logs_on_panic();
+    let topic = unique("paused-budget");
+    cluster.create_topic(&topic, 2, 1, &[]);
+    let per_partition = 2_000i64;
+    cluster.produce(&ProduceSpec {
+        topic: &topic,
+        partitions: 2,
+        count: 2 * per_partition as u64,
+        value_size: 1_000,
+        ..ProduceSpec::default()
+    });
+    // One data connection, and a response of both partitions' 512 KiB fills the whole budget.
+    let cfg = config(&cluster.bootstrap())
+        .fetch_connections_per_broker(1)
+        .max_partition_fetch_bytes(512 << 10)
+        .fetch_max_bytes(1 << 20)
+        .buffer_max_bytes(1 << 20)
+        .build()
+        .unwrap();
+    let mut c = Consumer::new(cfg).unwrap();
+    let tps = [0, 1].map(|p| TopicPartition::new(topic.as_str(), p));
+    c.assign(tps.iter().map(|tp| (tp.clone(), StartPosition::Earliest)));
+    let mut next = [0i64; 2];
+    let take = |b: &kafka_source::Batch, next: &mut [i64; 2]| {
+        let n = &mut next[b.partition.partition as usize];
+        for r in &b.records {
+            assert_eq!(r.offset, *n, "{}", b.partition);
+            assert_eq!(r.value.map(<[u8]>::len), Some(1_000));
+            *n += 1;
+        }
+    };
+    let paused = if poll_first {
+        let b = tokio::time::timeout(Duration::from_secs(30), c.poll())
+            .await
+            .expect("records in time")
+            .unwrap();
+        take(&b, &mut next);
+        b.partition.partition as usize
+    } else {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while c.fetch_stats().buffered_bytes == 0 {
+            assert!(Instant::now() < deadline, "nothing fetched");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        0
+    };
+    let other = 1 - paused;
+    c.pause(std::slice::from_ref(&tps[paused]));
+    for (tp, i) in [(&tps[other], other), (&tps[paused], paused)] {
+        while next[i] < per_partition {
+            let b = tokio::time::timeout(Duration::from_secs(20), c.poll())
+                .await
+                .unwrap_or_else(|_| panic!("{tp} stalled at offset {}", next[i]))
+                .unwrap();
+            assert_eq!(&b.partition, tp, "a paused partition was handed out");
+            take(&b, &mut next);
+        }
+        c.resume(std::slice::from_ref(&tps[paused]));
+    }
+    c.close().await;
+}
+
 /// An application that stops polling stops the fetching: the buffered bytes stay within the
 /// budget (plus at most one fetch response), and no further fetch is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

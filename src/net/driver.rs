@@ -48,7 +48,7 @@ pub(crate) use group::Topics;
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// Bytes of fetch responses with records not yet handed out, each counted whole (see
-    /// [`FetchedResponse`]), and decompressed bytes (plus those of the batch last handed out).
+    /// [`FetchedBytes`]), and decompressed bytes (plus those of the batch last handed out).
     pub(crate) buffered: AtomicUsize,
     /// Signalled when `buffered` drops while the loop waits for budget, so it can fetch again.
     pub(crate) budget_freed: Notify,
@@ -211,20 +211,32 @@ enum Completion {
     Left,
 }
 
-/// A fetch response's claim on the budget, shared by the chunks cut from it and released when
-/// the last of them is done with. It counts the whole response: headers, every partition's
-/// records, and the partial batch a broker may end a partition with, which no chunk holds but
-/// which stays in memory with the rest. Counting only each chunk's complete batches, each
-/// released as the chunk was decoded, let the responses still held grow past the budget.
-struct FetchedResponse {
+/// Fetched bytes counted against the budget from when this is made until it is dropped: a
+/// whole fetch response, shared by the chunks cut from it and released when the last of them
+/// is done with, or a paused partition's records copied out of one.
+///
+/// A response is counted whole: headers, every partition's records, and the partial batch a
+/// broker may end a partition with, which no chunk holds but which stays in memory with the
+/// rest. Counting only each chunk's complete batches, each released as the chunk was decoded,
+/// let the responses still held grow past the budget.
+struct FetchedBytes {
     bytes: usize,
     shared: Arc<Shared>,
 }
 
-impl Drop for FetchedResponse {
+impl Drop for FetchedBytes {
     fn drop(&mut self) {
         self.shared.release(self.bytes);
     }
+}
+
+/// Counts `bytes` against the budget until the lease is dropped.
+pub(crate) fn lease(shared: &Arc<Shared>, bytes: usize) -> Lease {
+    shared.buffered.fetch_add(bytes, Ordering::AcqRel);
+    Arc::new(FetchedBytes {
+        bytes,
+        shared: Arc::clone(shared),
+    })
 }
 
 /// Settings the loop needs beyond the fetch state machine's.
@@ -879,14 +891,7 @@ impl Driver {
                 FetchEvent::Failed { .. } => 0,
             })
             .sum();
-        let lease: Option<Lease> = (chunks > 0).then(|| {
-            let bytes = len.max(chunks);
-            self.shared.buffered.fetch_add(bytes, Ordering::AcqRel);
-            Arc::new(FetchedResponse {
-                bytes,
-                shared: Arc::clone(&self.shared),
-            }) as Lease
-        });
+        let lease = (chunks > 0).then(|| lease(&self.shared, len.max(chunks)));
         for ev in out.events {
             match ev {
                 FetchEvent::Chunk(mut chunk) => {

@@ -83,6 +83,12 @@ impl ChunkCursor {
         }
     }
 
+    /// [`Chunk::detach`] for the rest of the chunk.
+    pub(crate) fn detach(&mut self, lease: impl FnOnce(usize) -> Lease) {
+        self.batches.detach();
+        self.lease = Some(lease(self.batches.remaining_bytes()));
+    }
+
     /// The chunk's lease, once it is done (`None` before, and after the first call): the
     /// consumer keeps it with the last piece until that piece is handed out.
     pub(crate) fn take_lease(&mut self) -> Option<Lease> {

@@ -209,6 +209,16 @@ pub(crate) struct Chunk {
     pub(crate) lease: Option<Lease>,
 }
 
+impl Chunk {
+    /// Moves the records into a buffer of their own, under `lease` (for their length), so that
+    /// the chunk no longer holds the response it was cut from: for a paused partition, whose
+    /// records may wait for as long as the application likes.
+    pub(crate) fn detach(&mut self, lease: impl FnOnce(usize) -> Lease) {
+        self.records = Bytes::copy_from_slice(&self.records);
+        self.lease = Some(lease(self.records.len()));
+    }
+}
+
 /// Something the consumer must learn.
 #[derive(Debug)]
 pub(crate) enum FetchEvent {

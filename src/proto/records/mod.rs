@@ -371,6 +371,12 @@ impl BatchIter {
         self.rest.len()
     }
 
+    /// Moves the bytes not yet yielded into a buffer of their own, so that the iterator no
+    /// longer holds the memory of the bytes it was made from.
+    pub(crate) fn detach(&mut self) {
+        self.rest = Bytes::copy_from_slice(&self.rest);
+    }
+
     /// How many records the complete uncompressed batches ahead hold, counted batch by batch
     /// until `limit` is reached, for sizing what they decode into: each batch's record count as
     /// written, but no more than its bytes could hold. Whole batches are counted, as a piece
