@@ -239,6 +239,27 @@ pub(crate) fn lease(shared: &Arc<Shared>, bytes: usize) -> Lease {
     })
 }
 
+/// Gives each chunk of one response a share of its lease, and the last chunk the lease itself:
+/// once the chunks are sent, the loop holds no share, so the response stops counting against
+/// the budget the moment the application is done with the last of its records, not whenever
+/// the loop's thread next runs.
+fn share_lease(events: &mut [FetchEvent], mut lease: Option<Lease>) {
+    let mut chunks = events
+        .iter_mut()
+        .filter_map(|ev| match ev {
+            FetchEvent::Chunk(c) => Some(c),
+            FetchEvent::Failed { .. } => None,
+        })
+        .peekable();
+    while let Some(chunk) = chunks.next() {
+        chunk.lease = if chunks.peek().is_some() {
+            lease.clone()
+        } else {
+            lease.take()
+        };
+    }
+}
+
 /// Settings the loop needs beyond the fetch state machine's.
 #[derive(Clone, Debug)]
 pub(crate) struct DriverConfig {
@@ -891,11 +912,14 @@ impl Driver {
                 FetchEvent::Failed { .. } => 0,
             })
             .sum();
-        let lease = (chunks > 0).then(|| lease(&self.shared, len.max(chunks)));
-        for ev in out.events {
+        let mut events = out.events;
+        share_lease(
+            &mut events,
+            (chunks > 0).then(|| lease(&self.shared, len.max(chunks))),
+        );
+        for ev in events {
             match ev {
-                FetchEvent::Chunk(mut chunk) => {
-                    chunk.lease.clone_from(&lease);
+                FetchEvent::Chunk(chunk) => {
                     let _ = self.out.send(Delivery::Chunk(chunk));
                 }
                 FetchEvent::Failed {
@@ -1025,6 +1049,7 @@ async fn offset_fetch(pool: &Pool, group: &str, tps: Vec<TopicPartition>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     /// True if a wait on `budget_freed` would end at once (a wakeup is pending).
     fn woken(shared: &Shared) -> bool {
@@ -1062,6 +1087,55 @@ mod tests {
         assert!(!woken(&shared));
         shared.wait_for_budget(seen);
         assert!(woken(&shared), "the loop plans again at once");
+    }
+
+    fn chunk(partition: i32) -> FetchEvent {
+        FetchEvent::Chunk(Chunk {
+            tp: TopicPartition::new("t", partition),
+            generation: 0,
+            fetch_offset: 0,
+            records: Bytes::from_static(b"batches"),
+            checked: Vec::new(),
+            next_offset: 1,
+            aborted: Vec::new(),
+            lease: None,
+        })
+    }
+
+    fn lease_of(ev: FetchEvent) -> Option<Lease> {
+        match ev {
+            FetchEvent::Chunk(c) => c.lease,
+            FetchEvent::Failed { .. } => None,
+        }
+    }
+
+    /// A response's chunks hold every share of its lease: it is released when the last chunk
+    /// is dropped, with nothing left behind in the loop, whichever chunk goes last.
+    #[test]
+    fn a_responses_chunks_hold_its_whole_lease() {
+        let shared = Arc::new(Shared::default());
+        let mut events = vec![
+            chunk(0),
+            FetchEvent::Failed {
+                tp: TopicPartition::new("t", 2),
+                generation: 0,
+                error: Error::Closed,
+            },
+            chunk(1),
+        ];
+        share_lease(&mut events, Some(lease(&shared, 1_000)));
+        let mut leases: Vec<Lease> = events.into_iter().filter_map(lease_of).collect();
+        assert_eq!(leases.len(), 2, "each chunk has a share, a failure none");
+        assert_eq!(Arc::strong_count(&leases[0]), 2, "no other share exists");
+        // The last chunk is handed out first, the first one last.
+        drop(leases.pop());
+        assert_eq!(shared.buffered.load(Ordering::SeqCst), 1_000);
+        drop(leases.pop());
+        assert_eq!(shared.buffered.load(Ordering::SeqCst), 0);
+
+        let mut events = vec![chunk(0)];
+        share_lease(&mut events, None);
+        assert!(lease_of(events.remove(0)).is_none(), "no lease, no share");
     }
 
     /// A partition without a leader (leader -1, or a node the metadata does not list) makes the
