@@ -353,6 +353,14 @@ impl Driver {
 
     /// Runs until the consumer closes or is dropped.
     pub(crate) async fn run(mut self) {
+        // One timer for the whole loop, moved only when the wake time changes. A timer made
+        // and dropped every turn is registered in and removed from the runtime's timer wheel
+        // on every response and commit, and each registration earlier than the runtime's own
+        // next wake-up also wakes its I/O driver: a write to its eventfd, then an extra
+        // `epoll_wait`. Moving a registered timer later costs neither.
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(timer);
+        let mut armed = None;
         loop {
             // Take a completed checkpoint's offsets at the top of every turn.
             if let Some(req) = self.ckpt.handover.take() {
@@ -364,6 +372,12 @@ impl Driver {
             }
             self.schedule(now);
             let wake = self.next_wake(now);
+            if let Some(at) = wake
+                && armed != wake
+            {
+                timer.as_mut().reset(at);
+            }
+            armed = wake;
             let ckpt = Arc::clone(&self.ckpt);
             tokio::select! {
                 biased;
@@ -380,7 +394,7 @@ impl Driver {
                     self.handle_completion(done);
                 }
                 () = self.shared.budget_freed.notified() => {}
-                () = sleep_until(wake) => {}
+                () = &mut timer, if wake.is_some() => {}
             }
         }
     }
@@ -952,13 +966,6 @@ fn metadata_due(
         Some(not_before)
     } else {
         last.map(|t| t + max_age)
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
     }
 }
 
