@@ -466,9 +466,11 @@ fn next_batch_len(buf: &[u8]) -> Result<Option<usize>, ProtocolViolation> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DecodeLimits {
-    /// The most bytes a compressed batch may inflate to. A consumer passes what is left of its
-    /// buffer budget; a batch over it fails with [`ProtocolViolation::DecompressionLimit`].
-    /// Uncompressed batches allocate nothing and are not limited.
+    /// The most bytes a compressed batch may inflate to. The consumer passes its whole
+    /// `buffer.max.bytes`, not what is left of it, so that a valid batch never fails because
+    /// other data waits to be polled; a batch over it fails with
+    /// [`ProtocolViolation::DecompressionLimit`]. Uncompressed batches allocate nothing and are
+    /// not limited.
     pub max_decompressed_bytes: usize,
     /// Check each batch's CRC-32C before decoding it (the consumer's `check.crcs`); `true`
     /// unless set otherwise with [`with_check_crc`](Self::with_check_crc).
