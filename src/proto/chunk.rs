@@ -21,6 +21,7 @@ use crate::types::{Entry, Records, TopicPartition};
 /// enough that a piece's entries (16 KiB) and the bytes they point into are still in the core's
 /// caches when the application's loop reads them right after decoding, and that the first
 /// records of a fetch are handed out after one piece is decoded rather than the whole fetch.
+/// `Consumer::poll`'s docs quote this number ("about 512 records at a time"); change both.
 pub(crate) const PIECE_RECORDS: usize = 512;
 
 /// One piece of a chunk, ready to hand out.
