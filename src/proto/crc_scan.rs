@@ -21,7 +21,9 @@ use crate::proto::records::{
 #[derive(Debug)]
 pub(crate) struct CrcScan {
     version: i16,
-    /// The records fields seen so far, `(start, len)` in the frame; refilled on every turn.
+    /// The records fields seen so far, `(start, len)` in the frame. A field found in a prefix
+    /// of the frame stays the same as the frame grows (its length prefix is in), so they are
+    /// looked for again only once every one found so far is done with.
     fields: Vec<(usize, usize)>,
     /// The field being walked: the earlier ones are done.
     field: usize,
@@ -45,9 +47,17 @@ impl CrcScan {
     /// Checks the batches that `frame`, the frame received so far (after its length prefix;
     /// it only grows from call to call), holds complete and that were not checked before.
     pub(crate) fn advance(&mut self, frame: &[u8]) {
-        self.fields.clear();
-        guard::bytes_fields(ApiKey::Fetch, self.version, frame, &mut self.fields);
-        while let Some(&(start, len)) = self.fields.get(self.field) {
+        loop {
+            if self.field >= self.fields.len() {
+                // Walking the response's structure again is needed only for fields that begin
+                // in bytes that came since: while one spans many reads (one partition's
+                // megabyte), it is not walked again per read.
+                self.fields.clear();
+                guard::bytes_fields(ApiKey::Fetch, self.version, frame, &mut self.fields);
+            }
+            let Some(&(start, len)) = self.fields.get(self.field) else {
+                return;
+            };
             let end = start.saturating_add(len);
             self.at = self.at.max(start);
             if !self.walk(frame, end) {
