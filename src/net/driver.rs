@@ -360,7 +360,6 @@ impl Driver {
         // `epoll_wait`. Moving a registered timer later costs neither.
         let timer = tokio::time::sleep_until(Instant::now());
         tokio::pin!(timer);
-        let mut armed = None;
         loop {
             // Take a completed checkpoint's offsets at the top of every turn.
             if let Some(req) = self.ckpt.handover.take() {
@@ -373,11 +372,10 @@ impl Driver {
             self.schedule(now);
             let wake = self.next_wake(now);
             if let Some(at) = wake
-                && armed != wake
+                && timer.deadline() != at
             {
                 timer.as_mut().reset(at);
             }
-            armed = wake;
             let ckpt = Arc::clone(&self.ckpt);
             tokio::select! {
                 biased;
