@@ -107,11 +107,10 @@ struct Decoded {
 /// into the worker's LIFO slot, which Tokio's other workers do not steal from), so receiving
 /// and decoding share a core. A broker whose partitions are shared over two data connections
 /// (`fetch.connections.per.broker`) has a second Fetch to answer while a response is decoded.
-/// Spreading them over two cores did not pay where the broker shares the machine: on a
-/// 2-vCPU AMD EPYC reading one partition of 100-byte records from a local broker (20
-/// alternating rounds), [`blocking::Consumer`](crate::blocking::Consumer), whose network loop
-/// has a thread of its own, ran at 0.90x this consumer's rate with 7 % more CPU per record,
-/// and this consumer on a runtime without the LIFO slot at 0.85x with 12 % more.
+/// Spreading them over two cores did not pay where the broker shares a 2-vCPU machine: there
+/// [`blocking::Consumer`](crate::blocking::Consumer), whose network loop has a thread of its
+/// own, and this consumer on a runtime without the LIFO slot both read one partition slower,
+/// with more CPU per record (the README's performance section has the figures).
 ///
 /// Records come out of [`poll`](Self::poll) (or the [`Stream`] implementation) one partition's
 /// batch at a time. Memory is bounded by `buffer.max.bytes`: the network loop stops fetching
