@@ -13,7 +13,7 @@ use crate::config::IsolationLevel;
 use crate::error::ProtocolViolation;
 use crate::proto::fetch::{Chunk, Lease};
 use crate::proto::records::{
-    AbortedTransactions, BatchAction, BatchIter, Compression, DecodeLimits, decode_batch,
+    AbortedTransactions, BatchAction, BatchIter, Compression, DecodeLimits, decode_batch_before,
 };
 use crate::types::{Entry, Records, TopicPartition};
 
@@ -154,7 +154,9 @@ impl ChunkCursor {
             } else {
                 *limits
             };
-            if let Err(v) = decode_batch(&batch, &limits, &mut p.records) {
+            if let Err(v) =
+                decode_batch_before(&batch, &limits, &mut p.records, self.batches.rest())
+            {
                 self.fail(&mut p, v);
                 break;
             }

@@ -1366,3 +1366,42 @@ fn crc32c_implementations_agree() {
         }
     }
 }
+
+/// The bytes after a batch are only prefetched, never read: whatever follows it, and however
+/// long, the batch decodes to the same records as alone, compressed or not.
+#[test]
+fn the_bytes_after_a_batch_do_not_change_its_records() {
+    let long = [7u8; 3000];
+    let records: Vec<_> = (0..200)
+        .map(|o| {
+            let value: &[u8] = if o % 50 == 3 { &long } else { b"value" };
+            record(o, 1_700_000_000_000 + o, None, Some(value), &[])
+        })
+        .collect();
+    for (kp, codec) in CODECS {
+        let batch = one_batch(encode(&records, kp));
+        let limits = DecodeLimits::default();
+        let mut alone = Records::new();
+        decode_batch(&batch, &limits, &mut alone).unwrap();
+        assert_eq!(alone.len(), records.len(), "{codec:?}");
+        for len in [0, 1, 63, 64, 8191, 8192, 8257, 20_000] {
+            let following = vec![0xff; len];
+            let mut before = Records::new();
+            decode_batch_before(&batch, &limits, &mut before, &following).unwrap();
+            assert_eq!(
+                before.entries, alone.entries,
+                "{codec:?}, {len} bytes after"
+            );
+            let values = |r: &Records| {
+                r.iter()
+                    .map(|r| r.value.map(<[u8]>::to_vec))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                values(&before),
+                values(&alone),
+                "{codec:?}, {len} bytes after"
+            );
+        }
+    }
+}
