@@ -928,8 +928,9 @@ struct Payload<'a> {
 /// 5–11 % less CPU per record, and one partition alike (1.00×, 80 rounds); 4 KiB 1.03× and
 /// 1.08× on eight, 16 and 32 KiB no better than 8. The prefetch reaches past the batch into
 /// the bytes that follow it in the response, so that the next batch's first 8 KiB are not left
-/// out (most of a batch of 16 KiB, the Java producer's default size). Where the bytes are still in cache
-/// (the decode bench decodes one response over and over) the extra instructions cost 5–15 %.
+/// out (half of a batch of 16 KiB, the Java producer's default size). Where the bytes are still
+/// in cache (the decode bench decodes one response over and over) the extra instructions cost
+/// 5–15 %.
 const PREFETCH_AHEAD: usize = 8192;
 
 /// Asks the CPU to bring the two cache lines [`PREFETCH_AHEAD`] bytes past `pos` of the
