@@ -1378,6 +1378,11 @@ fn the_bytes_after_a_batch_do_not_change_its_records() {
             record(o, 1_700_000_000_000 + o, None, Some(value), &[])
         })
         .collect();
+    let values = |r: &Records| {
+        r.iter()
+            .map(|r| r.value.map(<[u8]>::to_vec))
+            .collect::<Vec<_>>()
+    };
     for (kp, codec) in CODECS {
         let batch = one_batch(encode(&records, kp));
         let limits = DecodeLimits::default();
@@ -1392,11 +1397,6 @@ fn the_bytes_after_a_batch_do_not_change_its_records() {
                 before.entries, alone.entries,
                 "{codec:?}, {len} bytes after"
             );
-            let values = |r: &Records| {
-                r.iter()
-                    .map(|r| r.value.map(<[u8]>::to_vec))
-                    .collect::<Vec<_>>()
-            };
             assert_eq!(
                 values(&before),
                 values(&alone),
