@@ -14,10 +14,11 @@ echo "== criterion benches, each benchmark once"
 cargo test --release --benches
 
 manifest=benches/compare/Cargo.toml
-echo "== comparison harness: rustfmt, clippy"
+echo "== comparison harness: rustfmt, clippy, unit tests"
 cargo fmt --manifest-path "$manifest" -- --check
 # --release, so that librdkafka's C build is shared with the run below.
 cargo clippy --release --manifest-path "$manifest" --all-targets -- -D warnings
+cargo test --release --manifest-path "$manifest"
 echo "== comparison harness, full-size run"
 cargo run --release --manifest-path "$manifest"
 

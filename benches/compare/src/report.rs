@@ -210,6 +210,20 @@ fn paired_of(set: &[ThroughputRun], case: usize, client: Client, peer: Client) -
     spread((0..=rounds).filter_map(|round| Some(rate(client, round)? / rate(peer, round)?)))
 }
 
+/// `fraction` (0.07 for 7 %) as the report's prose gives a shortfall or a margin: in whole
+/// percents, but with one decimal below 1 %, so that a shortfall of 0.4 % does not read as
+/// "0 %", and "under 0.1 %" below that.
+fn percent(fraction: f64) -> String {
+    let p = fraction * 100.0;
+    if p.abs() < 0.05 {
+        "under 0.1 %".to_owned()
+    } else if p.abs() < 1.0 {
+        format!("{p:.1} %")
+    } else {
+        format!("{p:.0} %")
+    }
+}
+
 /// A throughput target's verdict: met only if both the ratio of the medians and the median of
 /// the paired ratios reach `want`.
 fn verdict(ours: Spread, peer: Spread, by_pair: Spread, want: f64, pairs: &str) -> String {
@@ -223,8 +237,8 @@ fn verdict(ours: Spread, peer: Spread, by_pair: Spread, want: f64, pairs: &str) 
         format!("{shown}: met")
     } else {
         format!(
-            "{shown}: missed by {:.0} % (kafka-source needs {:.2}× its rate)",
-            (want - worst) / want * 100.0,
+            "{shown}: missed by {} (kafka-source needs {:.2}× its rate)",
+            percent((want - worst) / want),
             want / worst
         )
     }
@@ -825,8 +839,8 @@ impl Report {
                     line,
                     ": at this CPU cost the target cannot be met however the work overlaps; \
                      kafka-source would have to use at most {allowed:.3} s per million records \
-                     ({:.0} % less).",
-                    (1.0 - allowed / ours) * 100.0
+                     ({} less).",
+                    percent(1.0 - allowed / ours)
                 );
             } else {
                 line.push_str(
@@ -849,15 +863,15 @@ impl Report {
                 write!(
                     line,
                     " At that share of a core it would have to use at most {allowed:.3} s per \
-                     million records ({:.0} % less).",
-                    (1.0 - allowed / ours) * 100.0
+                     million records ({} less).",
+                    percent(1.0 - allowed / ours)
                 )
             } else {
                 write!(
                     line,
                     " At that share of a core the target allows up to {allowed:.3} s per million \
-                     records, {:.0} % more than it used.",
-                    (allowed / ours - 1.0) * 100.0
+                     records, {} more than it used.",
+                    percent(allowed / ours - 1.0)
                 )
             };
         } else {
@@ -1138,4 +1152,18 @@ fn grouped_bars(
             .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent;
+
+    #[test]
+    fn percents_below_one_keep_a_decimal() {
+        assert_eq!(percent(0.14), "14 %");
+        assert_eq!(percent(0.0149), "1 %");
+        assert_eq!(percent(0.0062), "0.6 %");
+        assert_eq!(percent(0.0004), "under 0.1 %");
+        assert_eq!(percent(0.0), "under 0.1 %");
+    }
 }
