@@ -842,8 +842,9 @@ impl FetchState {
         self.handle_fetch_checked(plan, result, &Checked::default(), now)
     }
 
-    /// [`handle_fetch`](Self::handle_fetch) for a response whose batches in `checked` had their
-    /// CRCs checked as it arrived: each chunk carries those within its records.
+    /// Applies a Fetch outcome whose batches in `checked` had their CRCs checked as the response
+    /// arrived: each chunk carries those within its records. (`handle_fetch`, built for tests
+    /// and fuzzing only, is this with nothing checked.)
     pub(crate) fn handle_fetch_checked(
         &mut self,
         plan: FetchPlan,
