@@ -661,11 +661,9 @@ fn decode_records_as<const APPEND: bool>(
     // larger one fills a buffer on the stack, which stays in the L1 cache, and copies each
     // buffer full to `out`: slots made in `out` first would write each entry's memory twice.
     let mut done = 0;
-    // Whether the bytes after the payload have been asked for yet: once, as the records come
-    // within `PREFETCH_AHEAD` of the payload's end (all of a small batch's at once).
-    let mut following_asked = payload.following.is_empty();
     if fast && count == fit {
         if count <= FILL_CHUNK {
+            // The bytes after a small batch are asked for before its records.
             prefetch_following(payload);
             let start = out.len();
             out.resize(start + count, Entry::EMPTY);
@@ -673,6 +671,9 @@ fn decode_records_as<const APPEND: bool>(
             out.truncate(start + done);
         } else {
             let mut slots = [Entry::EMPTY; FILL_CHUNK];
+            // Whether the bytes after the payload have been asked for yet: once, as the records
+            // come within `PREFETCH_AHEAD` of the payload's end.
+            let mut following_asked = payload.following.is_empty();
             loop {
                 let want = (count - done).min(FILL_CHUNK);
                 if !following_asked && cursor.pos + PREFETCH_AHEAD >= data.len() {
@@ -939,9 +940,8 @@ struct Payload<'a> {
 /// records come within 8 KiB of its end ([`prefetch_following`]), which on an AMD EPYC (family
 /// 25 model 1) took 2.4–2.6 % off one partition's CPU per record against choosing record by
 /// record (medians of the paired ratios in three sets of 60 rounds, lower in 40, 41 and 37).
-/// Where the bytes are still
-/// in cache (the decode bench decodes one response over and over) the extra instructions cost
-/// 5–15 %.
+/// Where the bytes are still in cache (the decode bench decodes one response over and over) the
+/// extra instructions cost 5–15 %.
 const PREFETCH_AHEAD: usize = 8192;
 
 /// Asks the CPU to bring the two cache lines [`PREFETCH_AHEAD`] bytes past `pos` of `data`
